@@ -1,0 +1,53 @@
+"""The one error hierarchy of inferscale-memory.
+
+Every error the library raises on purpose is an :class:`InferScaleError`, so callers can
+catch one type. Messages say what to do next.
+"""
+
+from __future__ import annotations
+
+
+class InferScaleError(Exception):
+    """Base class of every error raised by inferscale-memory."""
+
+
+class ConfigError(InferScaleError, ValueError):
+    """A configuration value is missing, malformed or contradicts another one."""
+
+
+class InvalidInputError(InferScaleError, ValueError):
+    """An argument is malformed: empty or oversized fact, bad ``k``, bad messages, ..."""
+
+
+class UnknownUserError(InferScaleError, KeyError):
+    """The ``user_id`` has no facts (or does not exist)."""
+
+    def __str__(self) -> str:  # KeyError would print the repr of the message
+        return str(self.args[0]) if self.args else ""
+
+
+class FactNotFoundError(InferScaleError, KeyError):
+    """No fact with this id exists for this user (it may belong to another user)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class ContextLengthError(InvalidInputError):
+    """The prompt (memory + conversation) does not fit the model's context window."""
+
+
+class ModelPreparationError(InferScaleError, RuntimeError):
+    """The model could not be located, fetched or converted."""
+
+
+class EngineError(InferScaleError, RuntimeError):
+    """The vLLM engine failed to start or to answer."""
+
+
+class UnsupportedVersionError(InferScaleError, ImportError):
+    """The installed vLLM is outside the supported range."""
+
+
+class MissingDependencyError(InferScaleError, ImportError):
+    """An optional dependency is not installed; the message names the install command."""
