@@ -49,7 +49,7 @@ class MemoryConfig:
         max_model_len: Context window given to vLLM; ``None`` takes the model's own
             (capped at 8192 to keep the CPU engine's memory small).
         max_tokens: Default answer length.
-        kv_cache_gb: KV cache of the CPU engine in GiB (vLLM's ``VLLM_CPU_KVCACHE_SPACE``).
+        kv_cache_gb: KV cache of the CPU engine in whole GiB (vLLM's ``VLLM_CPU_KVCACHE_SPACE``).
         gpu_memory_utilization: Fraction of GPU memory vLLM may use (GPU engines).
         dtype: Model dtype given to vLLM (``"auto"``, ``"bfloat16"``, ...).
         enforce_eager: Disable CUDA graphs / torch.compile (faster start, slower steps).
@@ -68,7 +68,7 @@ class MemoryConfig:
     max_fact_tokens: int = 256
     max_model_len: int | None = None
     max_tokens: int = 128
-    kv_cache_gb: float = 2.0
+    kv_cache_gb: int = 2
     gpu_memory_utilization: float = 0.85
     dtype: str = "auto"
     enforce_eager: bool = False
@@ -85,7 +85,7 @@ class MemoryConfig:
             (self.max_fact_tokens >= 1, "max_fact_tokens must be >= 1"),
             (self.max_model_len is None or self.max_model_len >= 64, "max_model_len must be >= 64"),
             (self.max_tokens >= 1, "max_tokens must be >= 1"),
-            (self.kv_cache_gb > 0, "kv_cache_gb must be > 0"),
+            (self.kv_cache_gb >= 1, "kv_cache_gb must be >= 1"),
             (0 < self.gpu_memory_utilization <= 1, "gpu_memory_utilization must be in (0, 1]"),
             (self.tensor_parallel_size >= 1, "tensor_parallel_size must be >= 1"),
         ]

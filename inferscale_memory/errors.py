@@ -51,3 +51,11 @@ class UnsupportedVersionError(InferScaleError, ImportError):
 
 class MissingDependencyError(InferScaleError, ImportError):
     """An optional dependency is not installed; the message names the install command."""
+
+
+class StoreError(InferScaleError, RuntimeError):
+    """The fact store cannot be used; the message names the file and what to do.
+
+    Raised when the store is closed, the file is not a store, or it was written by a newer
+    version of inferscale-memory or with an embedder of another dimension.
+    """

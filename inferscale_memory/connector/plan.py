@@ -1,0 +1,38 @@
+"""What the scheduler side tells the worker side for one engine step (plain data)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from inferscale_memory.connector.params import FactKey, Span
+
+
+@dataclass
+class LoadOp:
+    """Write pool KV into one request's blocks before the forward pass."""
+
+    req_id: str
+    block_ids: list[int]  # the request's blocks (KV cache group 0), in position order
+    # (key, first token of the fact to copy, number of tokens, prompt position it goes to)
+    pieces: list[tuple[FactKey, int, int, int]]
+
+
+@dataclass
+class CaptureOp:
+    """Copy the KV of prompt spans out of one request's blocks after its forward pass."""
+
+    req_id: str
+    block_ids: list[int]  # the request's blocks (KV cache group 0), in position order
+    spans: list[Span]  # spans whose tokens are all computed by the end of this step
+
+
+@dataclass
+class StepPlan:
+    """Everything the worker side does in one step: loads, then captures, then evictions."""
+
+    loads: list[LoadOp] = field(default_factory=list)
+    captures: list[CaptureOp] = field(default_factory=list)
+    evicts: list[FactKey] = field(default_factory=list)
+
+    def is_empty(self) -> bool:
+        return not (self.loads or self.captures or self.evicts)

@@ -1,0 +1,236 @@
+"""Scheduler side of the connector: which facts exist, what each request may claim.
+
+Plain bookkeeping, no torch. The scheduler process never shares memory with the driver
+or the workers, so it learns which facts exist only from the requests it schedules: a
+fact is registered when the request that captured it finishes, and dropped when an
+eviction request is scheduled. Every span a request wants injected is checked against
+the registry *and* against the request's own prompt tokens (a digest), so a forged or
+stale span is recomputed, never loaded.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from inferscale_memory.connector.params import (
+    PARAMS_KEY,
+    FactKey,
+    ParamsError,
+    RequestParams,
+    Span,
+    cache_salt,
+    parse_params,
+    token_digest,
+)
+from inferscale_memory.connector.plan import CaptureOp, LoadOp, StepPlan
+
+logger = logging.getLogger(__name__)
+
+
+class RequestLike(Protocol):
+    """The fields of vLLM's ``Request`` that the scheduler side reads."""
+
+    request_id: str
+    prompt_token_ids: list[int] | None
+    kv_transfer_params: dict[str, Any] | None
+    cache_salt: str | None
+
+
+@dataclass(frozen=True)
+class Registered:
+    """What the scheduler knows of a captured fact."""
+
+    digest: str  # token_digest of the captured tokens
+    length: int  # number of tokens
+
+
+@dataclass(frozen=True)
+class InjectionPlan:
+    """The outcome of matching a request's inject spans against the registry."""
+
+    usable: tuple[Span, ...]  # spans whose KV can be loaded, contiguous from position 0
+    missing: tuple[Span, ...]  # named spans that will be recomputed instead
+    claim_end: int  # first position that vLLM computes itself
+
+    def claim(self, num_computed: int) -> int:
+        return max(0, self.claim_end - num_computed)
+
+
+@dataclass
+class _CaptureTrack:
+    spans: list[Span]
+    block_ids: list[int]
+    emitted: list[Span] = field(default_factory=list)
+
+
+@dataclass
+class _Report:
+    injected_tokens: int = 0
+    missing: list[list[str]] = field(default_factory=list)
+    error: str | None = None
+
+
+class SchedulerSide:
+    """Registry of captured facts and the per-step plan for the workers."""
+
+    def __init__(self) -> None:
+        self.registry: dict[FactKey, Registered] = {}
+        self._params: dict[str, RequestParams | None] = {}
+        self._errors: dict[str, str] = {}
+        self._captures: dict[str, _CaptureTrack] = {}
+        self._reports: dict[str, _Report] = {}
+        self._next = StepPlan()
+
+    # -- called by vLLM's scheduler, through the connector shim ------------------------
+
+    def num_matched_tokens(self, request: RequestLike, num_computed: int) -> int:
+        """Tokens after ``num_computed`` whose KV the workers can load. No side effects
+        beyond memoising the parsed params."""
+        params = self._request_params(request)
+        if params is None or not params.inject:
+            return 0
+        plan = self._plan_injection(request, params)
+        return plan.claim(num_computed)
+
+    def after_alloc(self, request: RequestLike, block_ids: list[int], num_external: int) -> None:
+        """Record the load, capture and evict work of a request that was just scheduled."""
+        params = self._request_params(request)
+        req_id = request.request_id
+        report = self._reports.setdefault(req_id, _Report(error=self._errors.get(req_id)))
+        if params is None:
+            return
+        if params.inject:
+            plan = self._plan_injection(request, params)
+            report.missing = [[s.key.ns, s.key.name] for s in plan.missing]
+            report.injected_tokens = num_external
+            if num_external > 0:
+                self._next.loads.append(self._load_op(req_id, block_ids, plan, num_external))
+        if params.capture:
+            self._track_capture(request, params, block_ids)
+        for key in params.evict:
+            self.registry.pop(key, None)
+            self._next.evicts.append(key)
+
+    def build_plan(self, new_reqs: list[Any], cached_reqs: Any,
+                   num_scheduled: dict[str, int]) -> StepPlan:
+        """The worker plan of this step; resets the pending loads and evictions."""
+        plan, self._next = self._next, StepPlan()
+        for req in new_reqs:
+            track = self._captures.get(req.req_id)
+            if track is not None:
+                end = req.num_computed_tokens + num_scheduled.get(req.req_id, 0)
+                self._emit_captures(req.req_id, track, end, plan)
+        for i, req_id in enumerate(cached_reqs.req_ids):
+            track = self._captures.get(req_id)
+            if track is None:
+                continue
+            new_blocks = cached_reqs.new_block_ids[i]
+            if new_blocks is not None:
+                if req_id in cached_reqs.resumed_req_ids:
+                    track.block_ids = list(new_blocks[0])
+                else:
+                    track.block_ids.extend(new_blocks[0])
+            end = cached_reqs.num_computed_tokens[i] + num_scheduled.get(req_id, 0)
+            self._emit_captures(req_id, track, end, plan)
+        return plan
+
+    def finished(self, request: RequestLike) -> dict[str, Any] | None:
+        """Register the facts a capture request stored; return the request's report."""
+        req_id = request.request_id
+        track = self._captures.pop(req_id, None)
+        prompt = request.prompt_token_ids or []
+        captured = []
+        for span in track.emitted if track else ():
+            tokens = prompt[span.start:span.end]
+            self.registry[span.key] = Registered(token_digest(tokens), len(tokens))
+            captured.append([span.key.ns, span.key.name])
+        self._params.pop(req_id, None)
+        self._errors.pop(req_id, None)
+        report = self._reports.pop(req_id, None)
+        if report is None and not captured:
+            return None
+        body: dict[str, Any] = {"captured": captured}
+        if report is not None:
+            body.update(injected_tokens=report.injected_tokens, missing=report.missing)
+            if report.error:
+                body["error"] = report.error
+        return {PARAMS_KEY: body}
+
+    # -- helpers -----------------------------------------------------------------------
+
+    def _request_params(self, request: RequestLike) -> RequestParams | None:
+        req_id = request.request_id
+        if req_id not in self._params:
+            self._params[req_id] = self._parse(request)
+        return self._params[req_id]
+
+    def _parse(self, request: RequestLike) -> RequestParams | None:
+        prompt_len = len(request.prompt_token_ids or [])
+        try:
+            params = parse_params(request.kv_transfer_params, prompt_len)
+        except ParamsError as exc:
+            # A bad request is served as a plain prompt; it must never stop the engine.
+            logger.warning("request %s: ignoring kv_transfer_params: %s", request.request_id, exc)
+            self._errors[request.request_id] = str(exc)
+            return None
+        if params is not None and params.inject:
+            if request.cache_salt != cache_salt(params.tenant, params.layout):
+                message = "injection needs the cache_salt of its tenant and layout"
+                logger.warning("request %s: %s", request.request_id, message)
+                self._errors[request.request_id] = message
+                params = RequestParams(params.tenant, params.layout, params.capture, (),
+                                       params.evict)
+        return params
+
+    def _plan_injection(self, request: RequestLike, params: RequestParams) -> InjectionPlan:
+        prompt = request.prompt_token_ids or []
+        usable: list[Span] = []
+        position = 0
+        for span in params.inject:
+            entry = self.registry.get(span.key)
+            if (span.start != position or entry is None or entry.length != span.length
+                    or entry.digest != token_digest(prompt[span.start:span.end])):
+                break
+            usable.append(span)
+            position = span.end
+        missing = params.inject[len(usable):]
+        # vLLM must compute at least the last prompt token itself.
+        return InjectionPlan(tuple(usable), tuple(missing), min(position, len(prompt) - 1))
+
+    @staticmethod
+    def _load_op(req_id: str, block_ids: list[int], plan: InjectionPlan,
+                 num_external: int) -> LoadOp:
+        load_start, load_end = plan.claim_end - num_external, plan.claim_end
+        pieces = []
+        for span in plan.usable:
+            start, end = max(span.start, load_start), min(span.end, load_end)
+            if start < end:
+                pieces.append((span.key, start - span.start, end - start, start))
+        return LoadOp(req_id, list(block_ids), pieces)
+
+    def _track_capture(self, request: RequestLike, params: RequestParams,
+                       block_ids: list[int]) -> None:
+        track = self._captures.get(request.request_id)
+        if track is not None:  # rescheduled after a preemption: new blocks
+            track.block_ids = list(block_ids)
+            return
+        prompt = request.prompt_token_ids or []
+        wanted = [span for span in params.capture if not self._is_registered(span, prompt)]
+        self._captures[request.request_id] = _CaptureTrack(wanted, list(block_ids))
+
+    def _is_registered(self, span: Span, prompt: list[int]) -> bool:
+        entry = self.registry.get(span.key)
+        tokens = prompt[span.start:span.end]
+        return entry is not None and entry.digest == token_digest(tokens)
+
+    @staticmethod
+    def _emit_captures(req_id: str, track: _CaptureTrack, computed_end: int,
+                       plan: StepPlan) -> None:
+        ready = [s for s in track.spans if s.end <= computed_end]
+        if not ready:
+            return
+        track.spans = [s for s in track.spans if s.end > computed_end]
+        track.emitted.extend(ready)
+        plan.captures.append(CaptureOp(req_id, list(track.block_ids), ready))

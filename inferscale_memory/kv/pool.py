@@ -1,0 +1,63 @@
+"""The worker-resident KV pool: each fact's K and V for every layer, on the engine device.
+
+Keys are kept as captured (rotated at their capture positions, see :mod:`.rope`).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+import torch
+
+K = TypeVar("K")
+
+
+@dataclass(frozen=True)
+class PoolEntry:
+    """One fact's KV: ``keys``/``values`` are ``[layers, tokens, heads, head_dim]``."""
+
+    keys: torch.Tensor
+    values: torch.Tensor
+    start: int  # prompt position of the first token when it was captured
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.keys.shape[1])
+
+    @property
+    def nbytes(self) -> int:
+        return self.keys.nbytes + self.values.nbytes
+
+
+class KVPool(Generic[K]):
+    """Fact KV entries, least recently used first."""
+
+    def __init__(self) -> None:
+        self._entries: OrderedDict[K, PoolEntry] = OrderedDict()
+        self.nbytes = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._entries
+
+    def put(self, key: K, entry: PoolEntry) -> None:
+        self.evict(key)
+        self._entries[key] = entry
+        self.nbytes += entry.nbytes
+
+    def get(self, key: K) -> PoolEntry | None:
+        entry = self._entries.get(key)
+        if entry is not None:
+            self._entries.move_to_end(key)
+        return entry
+
+    def evict(self, key: K) -> bool:
+        entry = self._entries.pop(key, None)
+        if entry is None:
+            return False
+        self.nbytes -= entry.nbytes
+        return True

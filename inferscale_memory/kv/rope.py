@@ -1,0 +1,64 @@
+"""Moving cached keys to other positions ("chunked RoPE").
+
+vLLM caches keys after RoPE. A key rotated at position ``p`` becomes the key of position
+``q`` by one more rotation of angle ``(q - p) * inv_freq``: rotations compose exactly, so
+the pool keeps keys as captured (tagged with their position) and a fact injected where it
+was captured is copied bit for bit, with no rotation at all.
+
+The frequencies come from the model's own rotary module (``_compute_inv_freq``), which
+covers the scaled variants (llama3, linear, YaRN's frequencies); YaRN's magnitude factor
+is already inside the captured key and is not applied twice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class RotaryShift:
+    """Rotates keys by a per-token position delta.
+
+    Attributes:
+        inv_freq: ``(rotary_dim // 2,)`` float32 inverse frequencies.
+        rotary_dim: Leading dims of each head that carry RoPE (partial rotary models).
+        is_neox_style: Pairs ``(i, i + rotary_dim/2)`` (NeoX/Llama) or ``(2i, 2i+1)`` (GPT-J).
+    """
+
+    inv_freq: torch.Tensor
+    rotary_dim: int
+    is_neox_style: bool
+
+    @classmethod
+    def from_rotary_module(cls, rope: torch.nn.Module) -> RotaryShift:
+        """Build from a vLLM ``RotaryEmbedding`` instance (the model's own)."""
+        inv_freq = rope._compute_inv_freq(rope.base).to(torch.float32).cpu()
+        return cls(inv_freq, int(rope.rotary_dim), bool(rope.is_neox_style))
+
+    def shift(self, keys: torch.Tensor, deltas: torch.Tensor) -> torch.Tensor:
+        """Rotate ``keys`` (``[..., n, heads, head_dim]``) by ``deltas`` (``[n]`` ints).
+
+        Tokens whose delta is 0 come back bit-identical.
+        """
+        if not bool((deltas != 0).any()):
+            return keys
+        angles = deltas.to(torch.float32)[:, None] * self.inv_freq.to(keys.device)[None, :]
+        cos = angles.cos()[:, None, :]  # [n, 1, rotary_dim / 2]: broadcast over heads
+        sin = angles.sin()[:, None, :]
+        rot = keys[..., : self.rotary_dim].to(torch.float32)
+        if self.is_neox_style:
+            x1, x2 = rot.chunk(2, dim=-1)
+        else:
+            x1, x2 = rot[..., 0::2], rot[..., 1::2]
+        y1 = x1 * cos - x2 * sin
+        y2 = x2 * cos + x1 * sin
+        if self.is_neox_style:
+            rotated = torch.cat((y1, y2), dim=-1)
+        else:
+            rotated = torch.stack((y1, y2), dim=-1).flatten(-2)
+        out = keys.clone()
+        moved = deltas != 0
+        out[..., moved, :, : self.rotary_dim] = rotated[..., moved, :, :].to(keys.dtype)
+        return out

