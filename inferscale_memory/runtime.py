@@ -162,6 +162,10 @@ class VllmRuntime:
         completion = await self.complete(token_ids, max_tokens=1, params=params)
         return completion.report
 
+    async def reset_prefix_cache(self) -> None:
+        """Forget vLLM's prefix cache (benchmarks and tests use it for fresh prefills)."""
+        await self._llm.reset_prefix_cache()
+
     # -- shutdown ------------------------------------------------------------------------
 
     def close(self) -> None:
@@ -172,6 +176,9 @@ class VllmRuntime:
         try:
             self._llm.shutdown()
         finally:
+            # Drop vLLM's engine now: its __del__ shuts down again, which fails if it
+            # runs during interpreter teardown (vLLM 0.32).
+            self._llm = None
             self._stop_loop()
 
     def _stop_loop(self) -> None:

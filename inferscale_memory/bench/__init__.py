@@ -1,0 +1,1 @@
+"""Benchmarks (``inferscale-memory bench ...``): scripts with reports, never unit tests."""

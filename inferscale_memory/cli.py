@@ -1,0 +1,65 @@
+"""The ``inferscale-memory`` command: prepare, demo, bench."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+from inferscale_memory.config import MemoryConfig
+from inferscale_memory.errors import InferScaleError
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="inferscale-memory",
+                                     description="Fact-KV memory for LLM apps on vLLM.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    commands = parser.add_subparsers(dest="command", required=True)
+    prepare = commands.add_parser("prepare", help="convert the embedded default model once")
+    prepare.add_argument("--cache-dir", type=Path, default=None)
+    demo = commands.add_parser("demo", help="facts about a few users, KV vs text answers")
+    demo.add_argument("--model", default=None, help="Hugging Face model folder")
+    bench = commands.add_parser("bench", help="benchmarks")
+    workloads = bench.add_subparsers(dest="workload", required=True)
+    ttft = workloads.add_parser("ttft", help="TTFT of text vs KV over k, random facts")
+    ttft.add_argument("--model", default=None)
+    ttft.add_argument("--k", default="0,10,20,40", help="comma-separated k values")
+    ttft.add_argument("--trials", type=int, default=5)
+    ttft.add_argument("--fact-words", type=int, default=16)
+    ttft.add_argument("--seed", type=int, default=0)
+    ttft.add_argument("--out", type=Path, default=None, help="write the rows as JSON")
+    args = parser.parse_args(argv)
+    if not args.verbose:
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING)
+    try:
+        return _run(args)
+    except InferScaleError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _run(args: argparse.Namespace) -> int:
+    if args.command == "prepare":
+        from inferscale_memory.models import prepare_default_model
+
+        cache_dir = args.cache_dir or MemoryConfig.load().cache_dir
+        print(prepare_default_model(cache_dir))
+    elif args.command == "demo":
+        from inferscale_memory.demo import run_demo
+
+        run_demo(args.model)
+    elif args.workload == "ttft":
+        from inferscale_memory.bench.ttft import format_table, run_ttft
+
+        ks = tuple(int(k) for k in args.k.split(","))
+        rows = run_ttft(args.model, ks, args.trials, args.fact_words, args.seed, args.out)
+        print(format_table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

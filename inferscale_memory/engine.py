@@ -1,0 +1,263 @@
+"""MemoryEngine: a vLLM engine whose answers get the user's facts injected as KV.
+
+Example:
+    >>> from inferscale_memory import MemoryEngine               # doctest: +SKIP
+    >>> engine = MemoryEngine()                                  # embedded default model
+    >>> engine.memory.add("Caroline moved to Berlin in May 2023.", user_id="caroline")
+    >>> reply = engine.chat([{"role": "user", "content": "Where does Caroline live?"}],
+    ...                     user_id="caroline", k=10)
+    >>> print(reply.text, reply.metrics.ttft_ms, reply.metrics.injected_tokens)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator, Sequence
+from typing import Any
+
+from inferscale_memory.config import MemoryConfig
+from inferscale_memory.connector.params import FactKey, RequestParams, Span
+from inferscale_memory.errors import ContextLengthError, InvalidInputError
+from inferscale_memory.layout import PromptBuilder, PromptLayout, validate_messages
+from inferscale_memory.memory import EngineMemory
+from inferscale_memory.results import ChatChunk, ChatMetrics, ChatResult
+from inferscale_memory.runtime import Completion, VllmRuntime
+from inferscale_memory.store import Fact, MemoryStore, ScoredFact
+
+logger = logging.getLogger(__name__)
+MODES = ("kv", "text")
+
+
+class MemoryEngine:
+    """A vLLM engine with the inferscale connector, a fact store and a chat API.
+
+    Args:
+        model: A Hugging Face model folder; ``None`` uses the embedded default.
+        config: A full :class:`MemoryConfig`; keyword ``overrides`` are applied on top.
+        store: An open :class:`MemoryStore` to use instead of the configured one.
+    """
+
+    def __init__(self, model: str | None = None, *, config: MemoryConfig | None = None,
+                 store: MemoryStore | None = None, **overrides: Any) -> None:
+        from transformers import AutoTokenizer
+
+        from inferscale_memory.embeddings import default_embedder
+        from inferscale_memory.models import resolve_model
+
+        if config is None:
+            config = MemoryConfig.load(model=model, **overrides)
+        elif model is not None or overrides:
+            config = MemoryConfig.from_dict({**config.__dict__, **overrides,
+                                             **({"model": model} if model else {})})
+        self.config = config
+        self.model_path = resolve_model(config.model, config.cache_dir)
+        self.tokenizer = AutoTokenizer.from_pretrained(str(self.model_path))
+        self.builder = PromptBuilder(self.tokenizer)
+        self.store = store or MemoryStore(config.resolved_store_path,
+                                          default_embedder(config.embedder))
+        self.runtime = VllmRuntime(self.model_path, config)
+        self.memory = EngineMemory(self, self.store)
+        self._background: set[asyncio.Future[Any]] = set()
+        self._lock = threading.Lock()
+
+    # -- answering -----------------------------------------------------------------------
+
+    def chat(self, messages: Sequence[dict[str, Any]], *, user_id: str | None = None,
+             k: int | None = None, mode: str = "kv", **options: Any) -> ChatResult:
+        """Answer the conversation with ``user_id``'s top-``k`` facts in memory.
+
+        Args:
+            messages: OpenAI-style ``[{"role": ..., "content": ...}]``; the last one is the
+                user's question, which is also the retrieval query.
+            user_id: Whose facts to use; ``None`` answers without memory.
+            k: Facts to retrieve (default ``config.k``).
+            mode: ``"kv"`` injects the facts' KV; ``"text"`` sends the identical token ids
+                and lets vLLM prefill them (for A/B and as the fallback).
+            **options: ``max_tokens``, ``temperature``, ``stop``, ``logprobs``, ``seed``.
+        """
+        return self.runtime.run(self.achat(messages, user_id=user_id, k=k, mode=mode,
+                                           **options))
+
+    async def achat(self, messages: Sequence[dict[str, Any]], **kwargs: Any) -> ChatResult:
+        """Async :meth:`chat` (await it on the engine's loop, see :meth:`arun`)."""
+        result = None
+        async for chunk in self.astream_chat(messages, **kwargs):
+            result = chunk.result or result
+        assert result is not None
+        return result
+
+    def stream_chat(self, messages: Sequence[dict[str, Any]], **kwargs: Any) -> Iterator[ChatChunk]:
+        """Like :meth:`chat`, yielding text pieces; the last chunk holds the result."""
+        agen = self.astream_chat(messages, **kwargs)
+
+        async def step() -> ChatChunk:
+            return await agen.__anext__()
+
+        while True:
+            try:
+                yield self.runtime.run(step())
+            except StopAsyncIteration:
+                return
+
+    async def astream_chat(self, messages: Sequence[dict[str, Any]], *,
+                           user_id: str | None = None, k: int | None = None,
+                           mode: str = "kv", facts: Sequence[Fact | ScoredFact] | None = None,
+                           **options: Any) -> AsyncIterator[ChatChunk]:
+        """Async streaming answer; see :meth:`chat` for the arguments.
+
+        ``facts`` (best first, e.g. a search result) skips retrieval; they must belong
+        to ``user_id``.
+        """
+        start = time.perf_counter()
+        conversation, k, max_tokens = self._check_request(messages, k, mode, options)
+        if facts is None:
+            facts = await self._retrieve(conversation[-1]["content"], user_id, k)
+        else:
+            facts = self._own_facts(facts, user_id)
+        retrieval_s = time.perf_counter() - start
+        ordered = list(reversed(facts))  # best-ranked last, nearest the question
+        layout = self.builder.build(conversation, [(f.fact.id, f.fact.text) for f in ordered])
+        self._check_length(layout, max_tokens)
+        params = self._inject_params(layout, user_id) if mode == "kv" else None
+        async for delta in self.runtime.stream(layout.token_ids, max_tokens=max_tokens,
+                                               params=params, salted=True, **options):
+            if delta.completion is None:
+                yield ChatChunk(delta.text)
+                continue
+            result = self._result(delta.completion, layout, ordered, mode, start, retrieval_s)
+            self._recapture(user_id, ordered, result.metrics.recomputed_fact_ids)
+            yield ChatChunk(delta.text, result)
+
+    def answer(self, messages: Sequence[dict[str, Any]], facts: Sequence[Fact | ScoredFact], *,
+               user_id: str, mode: str = "kv", **options: Any) -> ChatResult:
+        """Answer with given ``facts`` (best first, e.g. from :meth:`EngineMemory.search` or
+        Mem0's ``search``) instead of retrieving them."""
+        return self.runtime.run(self.achat(messages, user_id=user_id, mode=mode,
+                                           facts=list(facts), **options))
+
+    def arun(self, coro: Any) -> Any:
+        """Run a coroutine of this engine (e.g. :meth:`achat`) from synchronous code."""
+        return self.runtime.run(coro)
+
+    # -- KV management -------------------------------------------------------------------
+
+    def drop_kv(self, user_id: str, fact_ids: Sequence[str]) -> None:
+        """Evict facts' KV from the engine but keep the facts: the next answer that uses
+        them recomputes them from text (and recaptures them)."""
+        self.runtime.run(self.memory.evict(user_id, list(fact_ids)))
+
+    def warm(self, user_id: str) -> int:
+        """Capture the KV of all of ``user_id``'s facts now (e.g. after a restart)."""
+        facts = self.store.list(user_id=user_id)
+        self.runtime.run(self.memory.capture(user_id, facts))
+        return len(facts)
+
+    def wait_for_background(self, timeout: float | None = 120) -> None:
+        """Wait until background recaptures (after recomputed facts) are done."""
+        async def drain() -> None:
+            while self._background:
+                await asyncio.gather(*list(self._background))
+
+        self.runtime.run(drain(), timeout)
+
+    def reset_prefix_cache(self) -> None:
+        """Forget vLLM's prefix cache, so the next prefill is computed afresh."""
+        self.runtime.run(self.runtime.reset_prefix_cache())
+
+    def close(self) -> None:
+        """Stop the engine and close the store."""
+        self.runtime.close()
+        self.store.close()
+
+    def __enter__(self) -> MemoryEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- helpers -------------------------------------------------------------------------
+
+    def _check_request(self, messages: Any, k: int | None, mode: str,
+                       options: dict[str, Any]) -> tuple[list[dict[str, str]], int, int]:
+        conversation = validate_messages(messages)
+        if not conversation or conversation[-1]["role"] != "user":
+            raise InvalidInputError("the last message must be the user's")
+        k = self.config.k if k is None else k
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise InvalidInputError(f"k must be an integer >= 1, got {k!r}")
+        if mode not in MODES:
+            raise InvalidInputError(f"mode must be one of {MODES}, got {mode!r}")
+        unknown = set(options) - {"max_tokens", "temperature", "stop", "logprobs", "seed"}
+        if unknown:
+            raise InvalidInputError(f"unknown options {sorted(unknown)}")
+        max_tokens = options.pop("max_tokens", None) or self.config.max_tokens
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+            raise InvalidInputError(f"max_tokens must be an integer >= 1, got {max_tokens!r}")
+        temperature = options.get("temperature", 0.0)
+        if not isinstance(temperature, int | float) or not 0 <= temperature <= 2:
+            raise InvalidInputError("temperature must be a number in [0, 2]")
+        return conversation, k, max_tokens
+
+    async def _retrieve(self, query: str, user_id: str | None, k: int) -> list[ScoredFact]:
+        if user_id is None:
+            return []
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(
+            None, lambda: self.store.search(query, user_id=user_id, k=k))
+
+    @staticmethod
+    def _own_facts(facts: Sequence[Fact | ScoredFact], user_id: str | None) -> list[ScoredFact]:
+        scored = [f if isinstance(f, ScoredFact) else ScoredFact(f, 0.0) for f in facts]
+        if any(not isinstance(s.fact, Fact) or s.fact.user_id != user_id for s in scored):
+            raise InvalidInputError("facts must be Fact objects of the same user_id")
+        return scored
+
+    def _check_length(self, layout: PromptLayout, max_tokens: int) -> None:
+        limit = self.runtime.max_model_len
+        if len(layout.token_ids) + max_tokens > limit:
+            raise ContextLengthError(
+                f"prompt of {len(layout.token_ids)} tokens + max_tokens {max_tokens} exceeds "
+                f"the context of {limit}; shorten the conversation or lower k/max_tokens")
+
+    def _inject_params(self, layout: PromptLayout, user_id: str | None) -> RequestParams | None:
+        if user_id is None:
+            return None
+        spans = [Span(FactKey("", self.builder.header_name), 0, layout.header_end)]
+        spans += [Span(FactKey(user_id, fid), a, b) for fid, a, b in layout.fact_spans]
+        return RequestParams(user_id, layout.layout_id, inject=tuple(spans))
+
+    def _result(self, done: Completion, layout: PromptLayout, ordered: list[ScoredFact],
+                mode: str, start: float, retrieval_s: float) -> ChatResult:
+        report = done.report
+        injected = int(report.get("injected_tokens", 0))
+        prompt_tokens = len(layout.token_ids)
+        fact_ids = [fid for fid, _, _ in layout.fact_spans]
+        missing = {name for ns, name in report.get("missing", []) if ns}
+        metrics = ChatMetrics(
+            mode=mode,
+            ttft_ms=(retrieval_s + done.ttft_s) * 1000 if done.token_ids else 0.0,
+            latency_ms=(time.perf_counter() - start) * 1000,
+            retrieval_ms=retrieval_s * 1000,
+            prompt_tokens=prompt_tokens,
+            memory_tokens=layout.memory_tokens,
+            injected_tokens=injected,
+            cached_tokens=max(0, done.num_cached_tokens - injected),
+            computed_tokens=prompt_tokens - done.num_cached_tokens,
+            output_tokens=len(done.token_ids),
+            fact_ids=fact_ids,
+            recomputed_fact_ids=[fid for fid in fact_ids if fid in missing],
+        )
+        return ChatResult(done.text, metrics, ordered, layout.token_ids, done.token_ids,
+                          done.finish_reason, done.logprobs)
+
+    def _recapture(self, user_id: str | None, facts: list[ScoredFact],
+                   missing: list[str]) -> None:
+        if user_id is None or not missing:
+            return
+        wanted = [f.fact for f in facts if f.fact.id in set(missing)]
+        task = asyncio.ensure_future(self.memory.capture(user_id, wanted))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)

@@ -1,0 +1,112 @@
+"""The fact API of a :class:`~inferscale_memory.MemoryEngine`: the store plus fact KV.
+
+Every write goes to the durable store first (the fact is the truth, KV is a cache), then
+to the engine: ``add`` captures the fact's KV, ``update`` recaptures it, ``delete`` and
+``delete_all`` evict it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, overload
+
+from inferscale_memory.connector.params import MAX_SPANS, FactKey, RequestParams, Span
+from inferscale_memory.errors import InvalidInputError
+from inferscale_memory.store import Fact, MemoryStore, ScoredFact
+
+if TYPE_CHECKING:
+    from inferscale_memory.engine import MemoryEngine
+
+
+class EngineMemory:
+    """Mem0-style fact operations whose KV lives in the engine."""
+
+    def __init__(self, engine: MemoryEngine, store: MemoryStore) -> None:
+        self._engine = engine
+        self.store = store
+
+    @overload
+    def add(self, text: str, *, user_id: str, metadata: dict[str, Any] | None = None) -> Fact: ...
+    @overload
+    def add(self, text: Sequence[str], *, user_id: str,
+            metadata: Sequence[dict[str, Any]] | None = None) -> list[Fact]: ...
+
+    def add(self, text: Any, *, user_id: str, metadata: Any = None) -> Any:
+        """Store one fact (or a list) for ``user_id`` and capture its KV.
+
+        Example:
+            >>> engine.memory.add("Caroline moved to Berlin.", user_id="caroline")  # doctest: +SKIP
+        """
+        texts = [text] if isinstance(text, str) else list(text)
+        for item in texts:
+            self._check_tokens(item)
+        added = self.store.add(text, user_id=user_id, metadata=metadata)
+        facts = [added] if isinstance(added, Fact) else added
+        self._engine.runtime.run(self.capture(user_id, facts))
+        return added
+
+    def get(self, fact_id: str, *, user_id: str) -> Fact:
+        return self.store.get(fact_id, user_id=user_id)
+
+    def list(self, *, user_id: str) -> list[Fact]:
+        return self.store.list(user_id=user_id)
+
+    def search(self, query: str, *, user_id: str, k: int = 10) -> list[ScoredFact]:
+        return self.store.search(query, user_id=user_id, k=k)
+
+    def history(self, fact_id: str, *, user_id: str) -> list[dict[str, Any]]:
+        return self.store.history(fact_id, user_id=user_id)
+
+    def update(self, fact_id: str, text: str, *, user_id: str,
+               metadata: dict[str, Any] | None = None) -> Fact:
+        """Change a fact's text; its KV is recaptured."""
+        self._check_tokens(text)
+        fact = self.store.update(fact_id, text, user_id=user_id, metadata=metadata)
+        self._engine.runtime.run(self.capture(user_id, [fact]))
+        return fact
+
+    def delete(self, fact_id: str, *, user_id: str) -> Fact:
+        """Delete a fact; its KV is evicted from the engine."""
+        fact = self.store.delete(fact_id, user_id=user_id)
+        self._engine.runtime.run(self.evict(user_id, [fact.id]))
+        return fact
+
+    def delete_all(self, *, user_id: str) -> int:
+        """Delete every fact of ``user_id``; their KV is evicted."""
+        ids = [fact.id for fact in self.store.list(user_id=user_id)]
+        count = self.store.delete_all(user_id=user_id)
+        self._engine.runtime.run(self.evict(user_id, ids))
+        return count
+
+    # -- engine requests -----------------------------------------------------------------
+
+    async def capture(self, user_id: str, facts: Sequence[Fact]) -> None:
+        """Have the engine compute and keep the KV of ``facts`` (concurrently)."""
+        await asyncio.gather(*(self._capture_one(user_id, fact) for fact in facts))
+
+    async def _capture_one(self, user_id: str, fact: Fact) -> None:
+        builder = self._engine.builder
+        token_ids, start, end = builder.capture_prompt(fact.text)
+        params = RequestParams(user_id, builder.layout_id, capture=(
+            Span(FactKey("", builder.header_name), 0, start),
+            Span(FactKey(user_id, fact.id), start, end)))
+        await self._engine.runtime.control(token_ids, params)
+
+    async def evict(self, user_id: str, fact_ids: Sequence[str]) -> None:
+        """Drop the KV of ``fact_ids`` from the engine (the facts themselves stay)."""
+        keys = [FactKey(user_id, fact_id) for fact_id in fact_ids]
+        builder = self._engine.builder
+        for i in range(0, len(keys), MAX_SPANS):
+            params = RequestParams(user_id, builder.layout_id, evict=tuple(keys[i:i + MAX_SPANS]))
+            await self._engine.runtime.control(builder.header_ids[:1], params)
+
+    def _check_tokens(self, text: Any) -> None:
+        if not isinstance(text, str) or not text.strip():
+            raise InvalidInputError("a fact must be a non-empty string")
+        limit = self._engine.config.max_fact_tokens
+        count = len(self._engine.builder.fact_ids(text))
+        if count > limit:
+            raise InvalidInputError(
+                f"the fact has {count} tokens; at most {limit} are allowed "
+                "(split it, or raise max_fact_tokens)")

@@ -1,0 +1,62 @@
+"""What a chat call returns: the answer, its metrics and the facts it used."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from inferscale_memory.store import ScoredFact
+
+
+@dataclass(frozen=True)
+class ChatMetrics:
+    """Timings and token counts of one answer.
+
+    Attributes:
+        mode: ``"kv"`` (facts injected as KV) or ``"text"`` (facts prefilled as text).
+        ttft_ms: From the call to the first answer token (retrieval included).
+        latency_ms: From the call to the last answer token.
+        retrieval_ms: Embedding the query and searching the user's facts.
+        prompt_tokens: Tokens of the whole prompt.
+        memory_tokens: Tokens of the retrieved facts in the prompt.
+        injected_tokens: Prompt tokens whose KV the connector wrote (header and facts).
+        cached_tokens: Prompt tokens served by vLLM's own prefix cache.
+        computed_tokens: Prompt tokens vLLM computed in this request.
+        output_tokens: Tokens of the answer.
+        fact_ids: Ids of the facts in the prompt, in prompt order (best-ranked last).
+        recomputed_fact_ids: Facts named for injection whose KV was missing, so they were
+            recomputed from text (and are recaptured in the background).
+    """
+
+    mode: str
+    ttft_ms: float
+    latency_ms: float
+    retrieval_ms: float
+    prompt_tokens: int
+    memory_tokens: int
+    injected_tokens: int
+    cached_tokens: int
+    computed_tokens: int
+    output_tokens: int
+    fact_ids: list[str] = field(default_factory=list)
+    recomputed_fact_ids: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ChatResult:
+    """An answer. ``token_ids``/``logprobs`` are the generated tokens (for A/B checks)."""
+
+    text: str
+    metrics: ChatMetrics
+    facts: list[ScoredFact]
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    finish_reason: str | None = None
+    logprobs: list[dict[int, float]] | None = None
+
+
+@dataclass(frozen=True)
+class ChatChunk:
+    """A piece of a streamed answer; the last chunk carries the whole ``result``."""
+
+    text: str
+    result: ChatResult | None = None

@@ -1,0 +1,287 @@
+"""The per-request protocol: what parse_params accepts, what it refuses, and the salt."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from inferscale_memory.connector.params import (
+    MAX_NAME_CHARS,
+    MAX_SPANS,
+    PARAMS_KEY,
+    SHARED_NS,
+    FactKey,
+    ParamsError,
+    RequestParams,
+    Span,
+    cache_salt,
+    parse_params,
+    token_digest,
+)
+
+HEADER = "header:3f2a"
+PROMPT_LEN = 40
+
+
+def body(**fields: Any) -> dict[str, Any]:
+    """A request's ``kv_transfer_params`` with our body, tenant alice by default."""
+    return {PARAMS_KEY: {"tenant": "alice", "layout": "L1", **fields}}
+
+
+def test_valid_body_is_parsed_into_sorted_spans_and_keys() -> None:
+    raw = body(
+        capture=[["alice", "f2", 20, 30], ["", HEADER, 0, 10], ["alice", "f1", 10, 20]],
+        inject=[["", HEADER, 0, 10], ["alice", "f1", 10, 20]],
+        evict=[["alice", "old"], ["", "header:0000"]],
+    )
+    params = parse_params(raw, PROMPT_LEN)
+    assert params == RequestParams(
+        tenant="alice",
+        layout="L1",
+        capture=(Span(FactKey(SHARED_NS, HEADER), 0, 10),
+                 Span(FactKey("alice", "f1"), 10, 20),
+                 Span(FactKey("alice", "f2"), 20, 30)),
+        inject=(Span(FactKey(SHARED_NS, HEADER), 0, 10),
+                Span(FactKey("alice", "f1"), 10, 20)),
+        evict=(FactKey("alice", "old"), FactKey(SHARED_NS, "header:0000")),
+    )
+    assert params.capture[1].length == 10
+
+
+def test_span_may_end_at_the_prompt_end_and_adjacent_spans_do_not_overlap() -> None:
+    params = parse_params(body(capture=[["alice", "a", 0, 20], ["alice", "b", 20, PROMPT_LEN]]),
+                          PROMPT_LEN)
+    assert params is not None
+    assert [s.end for s in params.capture] == [20, PROMPT_LEN]
+
+
+def test_minimal_body_and_layout_default() -> None:
+    params = parse_params({PARAMS_KEY: {"tenant": "bob"}}, 5)
+    assert params == RequestParams("bob", "")
+
+
+@pytest.mark.parametrize("raw", [None, {}, {"do_remote_prefill": True}])
+def test_no_params_of_ours_gives_none(raw: dict[str, Any] | None) -> None:
+    assert parse_params(raw, PROMPT_LEN) is None
+
+
+@pytest.mark.parametrize("field", ["capture", "inject"])
+def test_other_tenants_span_is_refused(field: str) -> None:
+    with pytest.raises(ParamsError, match="own tenant"):
+        parse_params(body(**{field: [["bob", "f1", 0, 5]]}), PROMPT_LEN)
+
+
+def test_other_tenants_eviction_is_refused() -> None:
+    with pytest.raises(ParamsError, match="own tenant"):
+        parse_params(body(evict=[["bob", "f1"]]), PROMPT_LEN)
+
+
+@pytest.mark.parametrize("field", ["capture", "inject"])
+@pytest.mark.parametrize("name", ["f1", "headers", "Header:x", "xheader:1"])
+def test_shared_namespace_holds_only_headers(field: str, name: str) -> None:
+    with pytest.raises(ParamsError, match="shared namespace"):
+        parse_params(body(**{field: [["", name, 0, 5]]}), PROMPT_LEN)
+    with pytest.raises(ParamsError, match="shared namespace"):
+        parse_params(body(evict=[["", name]]), PROMPT_LEN)
+
+
+@pytest.mark.parametrize("field", ["capture", "inject"])
+@pytest.mark.parametrize("start,end", [(-1, 5), (0, PROMPT_LEN + 1), (5, 5), (6, 5),
+                                       (PROMPT_LEN, PROMPT_LEN + 1)])
+def test_span_outside_the_prompt_is_refused(field: str, start: int, end: int) -> None:
+    with pytest.raises(ParamsError, match="outside the prompt"):
+        parse_params(body(**{field: [["alice", "f", start, end]]}), PROMPT_LEN)
+
+
+@pytest.mark.parametrize("field", ["capture", "inject"])
+@pytest.mark.parametrize("second", [(9, 15), (0, 10), (2, 3), (0, 40)])
+def test_overlapping_spans_are_refused(field: str, second: tuple[int, int]) -> None:
+    spans = [["alice", "a", 0, 10], ["alice", "b", *second]]
+    with pytest.raises(ParamsError, match="overlap"):
+        parse_params(body(**{field: spans}), PROMPT_LEN)
+    # in either order
+    with pytest.raises(ParamsError, match="overlap"):
+        parse_params(body(**{field: spans[::-1]}), PROMPT_LEN)
+
+
+@pytest.mark.parametrize("field", ["capture", "inject"])
+@pytest.mark.parametrize("bounds", [(True, 5), (0, True), (False, 1), (0.0, 5), (0, 5.0),
+                                    ("0", 5), (None, 5), (0, [5])])
+def test_non_integer_bounds_are_refused(field: str, bounds: tuple[Any, Any]) -> None:
+    with pytest.raises(ParamsError, match="integers"):
+        parse_params(body(**{field: [["alice", "f", *bounds]]}), PROMPT_LEN)
+
+
+@pytest.mark.parametrize("field", ["capture", "inject", "evict"])
+def test_oversize_lists_are_refused(field: str) -> None:
+    if field == "evict":
+        items: list[Any] = [["alice", f"f{i}"] for i in range(MAX_SPANS + 1)]
+        ok: list[Any] = items[:MAX_SPANS]
+        prompt_len = 1
+    else:
+        items = [["alice", f"f{i}", i, i + 1] for i in range(MAX_SPANS + 1)]
+        ok = items[:MAX_SPANS]
+        prompt_len = MAX_SPANS + 1
+    with pytest.raises(ParamsError, match="at most"):
+        parse_params(body(**{field: items}), prompt_len)
+    params = parse_params(body(**{field: ok}), prompt_len)
+    assert params is not None and len(getattr(params, field)) == MAX_SPANS
+
+
+@pytest.mark.parametrize("inner", [[], "alice", 3, None, ["tenant", "alice"], True])
+def test_non_object_body_is_refused(inner: Any) -> None:
+    with pytest.raises(ParamsError, match="must be an object"):
+        parse_params({PARAMS_KEY: inner}, PROMPT_LEN)
+
+
+@pytest.mark.parametrize("fields", [
+    {},                               # no tenant
+    {"tenant": ""},
+    {"tenant": 3},
+    {"tenant": ["alice"]},
+    {"tenant": "alice", "layout": 1},
+    {"tenant": "alice", "layout": None},
+])
+def test_bad_tenant_or_layout_is_refused(fields: dict[str, Any]) -> None:
+    with pytest.raises(ParamsError, match="tenant"):
+        parse_params({PARAMS_KEY: fields}, PROMPT_LEN)
+
+
+@pytest.mark.parametrize("field,value", [
+    ("capture", {"a": 1}),
+    ("capture", "alice"),
+    ("inject", None),
+    ("evict", ("alice", "f")),
+    ("capture", [["alice", "f", 0]]),
+    ("capture", [["alice", "f", 0, 5, 6]]),
+    ("inject", [("alice", "f", 0, 5)]),
+    ("inject", [[None, "f", 0, 5]]),
+    ("inject", [["alice", 7, 0, 5]]),
+    ("inject", [["alice", "", 0, 5]]),
+    ("inject", [["alice", "x" * (MAX_NAME_CHARS + 1), 0, 5]]),
+    ("evict", [["alice"]]),
+    ("evict", ["alice"]),
+    ("evict", [[1, 2]]),
+])
+def test_malformed_fields_are_refused(field: str, value: Any) -> None:
+    with pytest.raises(ParamsError):
+        parse_params(body(**{field: value}), PROMPT_LEN)
+
+
+def test_longest_allowed_name_is_accepted() -> None:
+    name = "x" * MAX_NAME_CHARS
+    params = parse_params(body(inject=[["alice", name, 0, 5]]), PROMPT_LEN)
+    assert params is not None and params.inject[0].key.name == name
+
+
+def test_to_dict_round_trips_through_parse_params() -> None:
+    original = RequestParams(
+        tenant="alice",
+        layout="L9",
+        capture=(Span(FactKey("", HEADER), 0, 7), Span(FactKey("alice", "f"), 7, 19)),
+        inject=(Span(FactKey("", HEADER), 0, 7),),
+        evict=(FactKey("alice", "g"),),
+    )
+    assert parse_params(original.to_dict(), 19) == original
+    bare = RequestParams("alice", "L9")
+    assert bare.to_dict() == {PARAMS_KEY: {"tenant": "alice", "layout": "L9"}}
+    assert parse_params(bare.to_dict(), 1) == bare
+
+
+tenant_names = st.text(min_size=1, max_size=6)
+fact_names = st.text(min_size=1, max_size=8)
+
+
+@st.composite
+def request_params(draw: st.DrawFn) -> tuple[RequestParams, int]:
+    tenant = draw(tenant_names)
+    layout = draw(st.text(max_size=6))
+
+    def key() -> FactKey:
+        if draw(st.booleans()):
+            return FactKey(SHARED_NS, "header:" + draw(st.text(max_size=5)))
+        return FactKey(tenant, draw(fact_names))
+
+    def spans() -> tuple[Span, ...]:
+        lengths = draw(st.lists(st.tuples(st.integers(0, 3), st.integers(1, 5)), max_size=5))
+        out, position = [], 0
+        for gap, length in lengths:
+            position += gap
+            out.append(Span(key(), position, position + length))
+            position += length
+        return tuple(out)
+
+    capture, inject = spans(), spans()
+    evict = tuple(key() for _ in range(draw(st.integers(0, 3))))
+    ends = [s.end for s in capture + inject]
+    prompt_len = max(ends, default=0) + draw(st.integers(0, 3))
+    return RequestParams(tenant, layout, capture, inject, evict), prompt_len
+
+
+@settings(max_examples=200, deadline=None)
+@given(request_params())
+def test_to_dict_round_trips_for_random_params(case: tuple[RequestParams, int]) -> None:
+    params, prompt_len = case
+    assert parse_params(params.to_dict(), prompt_len) == params
+
+
+def test_cache_salt_differs_per_tenant_and_per_layout() -> None:
+    salts = {cache_salt(t, layout) for t in ("alice", "bob") for layout in ("L1", "L2")}
+    assert len(salts) == 4
+    assert cache_salt("alice", "L1") == cache_salt("alice", "L1")
+    # no ambiguity from concatenating the two parts
+    assert cache_salt("ab", "c") != cache_salt("a", "bc")
+    assert cache_salt("alice", "L1").startswith("inferscale-")
+
+
+def test_token_digest_depends_on_order_and_content() -> None:
+    assert token_digest([1, 2, 3]) == token_digest((1, 2, 3))
+    assert token_digest([1, 2, 3]) != token_digest([3, 2, 1])
+    assert token_digest([12, 3]) != token_digest([1, 23])
+
+
+json_scalars = (st.none() | st.booleans() | st.integers(-3, 50) | st.floats(allow_nan=True)
+                | st.text(max_size=8) | st.sampled_from(["", "alice", "bob", HEADER, "header:"]))
+json_values = st.recursive(
+    json_scalars,
+    lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=8), inner,
+                                                                 max_size=4),
+    max_leaves=20,
+)
+near_items = st.lists(
+    st.sampled_from(["alice", "bob", "", HEADER, "f"]) | st.integers(-2, 45) | json_scalars,
+    min_size=0, max_size=5,
+)
+near_field = st.lists(near_items | json_values, max_size=6) | json_values
+near_bodies = st.fixed_dictionaries(
+    {},
+    optional={
+        "tenant": st.sampled_from(["alice", "bob", ""]) | json_values,
+        "layout": st.text(max_size=4) | json_values,
+        "capture": near_field,
+        "inject": near_field,
+        "evict": near_field,
+    },
+) | json_values
+
+
+@settings(max_examples=500, deadline=None)
+@given(raw=st.dictionaries(st.sampled_from([PARAMS_KEY, "other"]), near_bodies, max_size=2),
+       prompt_len=st.integers(0, 45))
+def test_junk_bodies_raise_only_params_error(raw: dict[str, Any], prompt_len: int) -> None:
+    try:
+        params = parse_params(raw, prompt_len)
+    except ParamsError:
+        return
+    if PARAMS_KEY not in raw:
+        assert params is None
+        return
+    # Whatever was accepted is well formed and round-trips.
+    assert params is not None
+    for span in params.capture + params.inject:
+        assert 0 <= span.start < span.end <= prompt_len
+        assert span.key.ns in (params.tenant, SHARED_NS)
+    assert parse_params(params.to_dict(), prompt_len) == params

@@ -1,0 +1,198 @@
+"""End-to-end behaviour of the KV path on the real engine and the real SmolLM2 model."""
+
+from __future__ import annotations
+
+import pytest
+
+from inferscale_memory import (
+    ContextLengthError,
+    FactNotFoundError,
+    InvalidInputError,
+    MemoryEngine,
+    UnknownUserError,
+)
+from inferscale_memory.connector.params import FactKey, RequestParams, Span
+
+pytestmark = pytest.mark.engine
+
+# vLLM's CPU kernels are not batch invariant for very short query runs: recomputing the
+# same prompt as "44 cached + 16 computed" tokens moves logprobs by ~0.07 even with
+# bit-identical cached KV. Questions of a few dozen tokens keep both paths on the same
+# kernels, so any difference left would be the connector's.
+LONG_QUESTION = (
+    "I am planning a trip and want to visit her. Please think about everything you know "
+    "about her, including where she lives now and since when. Where does Caroline live?")
+FACT = "Caroline moved to Berlin in May 2023 and works there as a nurse."
+
+
+def ask(question: str) -> list[dict[str, str]]:
+    return [{"role": "user", "content": question}]
+
+
+def test_single_fact_injected_where_captured_is_exact(engine: MemoryEngine) -> None:
+    engine.memory.add(FACT, user_id="exact")
+    text = engine.chat(ask(LONG_QUESTION), user_id="exact", mode="text", max_tokens=32,
+                       logprobs=5)
+    kv = engine.chat(ask(LONG_QUESTION), user_id="exact", mode="kv", max_tokens=32,
+                     logprobs=5)
+    # Header and fact come from the pool; only the question is computed.
+    assert kv.metrics.injected_tokens > kv.metrics.memory_tokens > 0
+    assert kv.metrics.computed_tokens == kv.metrics.prompt_tokens - kv.metrics.injected_tokens
+    assert kv.metrics.recomputed_fact_ids == []
+    assert kv.token_ids == text.token_ids
+    assert kv.logprobs is not None and text.logprobs is not None
+    assert kv.logprobs[0] == text.logprobs[0]
+    assert "Berlin" in kv.text
+
+
+@pytest.mark.parametrize("k", [1, 2, 4])
+def test_kv_and_text_prompts_have_identical_token_ids(engine: MemoryEngine, k: int) -> None:
+    facts = [f"Nadia owns {n} paintings of the sea, number {n}." for n in range(1, 6)]
+    if not engine.store.has_user("tokens"):
+        engine.memory.add(facts, user_id="tokens")
+    text = engine.chat(ask("What does Nadia own?"), user_id="tokens", k=k, mode="text",
+                       max_tokens=1)
+    kv = engine.chat(ask("What does Nadia own?"), user_id="tokens", k=k, mode="kv",
+                     max_tokens=1)
+    assert kv.prompt_token_ids == text.prompt_token_ids
+    assert kv.metrics.fact_ids == text.metrics.fact_ids
+    assert len(kv.metrics.fact_ids) == k
+    assert kv.metrics.injected_tokens > kv.metrics.memory_tokens  # header + every fact
+
+
+def test_several_facts_agreement_is_measured(engine: MemoryEngine,
+                                             record_property: pytest.RecordProperty) -> None:
+    facts = ["Tom plays the trumpet in a jazz band.", "Tom's daughter is called Mia.",
+             "Tom lives in Oslo.", "Tom is vegetarian.", "Tom studied physics in Leeds."]
+    engine.memory.add(facts, user_id="several")
+    questions = ["What instrument does Tom play?", "Where does Tom live?",
+                 "What is Tom's daughter called?", "What did Tom study?"]
+    agree = 0
+    for question in questions:
+        text = engine.chat(ask(question), user_id="several", k=5, mode="text", max_tokens=16)
+        kv = engine.chat(ask(question), user_id="several", k=5, mode="kv", max_tokens=16)
+        assert kv.metrics.recomputed_fact_ids == []
+        agree += kv.token_ids == text.token_ids
+    record_property("greedy_agreement_k5", f"{agree}/{len(questions)}")
+    print(f"greedy agreement KV vs text, 5 facts: {agree}/{len(questions)}")
+
+
+def test_plain_request_never_reuses_injected_blocks(engine: MemoryEngine) -> None:
+    facts = [f"Ines keeps note {n}: the blue folder holds the receipts of {1990 + n}."
+             for n in range(12)]
+    ids = [f.id for f in engine.memory.add(facts, user_id="isolation")]
+    stored = [engine.store.get(i, user_id="isolation") for i in ids]
+    kv = engine.answer(ask(LONG_QUESTION), stored, user_id="isolation", mode="kv",
+                       max_tokens=4, logprobs=5)
+    assert kv.metrics.injected_tokens >= 128  # at least one full block entered the cache
+    after = engine.answer(ask(LONG_QUESTION), stored, user_id="isolation", mode="text",
+                          max_tokens=4, logprobs=5)
+    assert after.metrics.cached_tokens == 0 and after.metrics.injected_tokens == 0
+    engine.reset_prefix_cache()
+    fresh = engine.answer(ask(LONG_QUESTION), stored, user_id="isolation", mode="text",
+                          max_tokens=4, logprobs=5)
+    assert fresh.metrics.cached_tokens == 0
+    assert after.logprobs == fresh.logprobs and after.token_ids == fresh.token_ids
+
+
+def test_user_cannot_inject_another_users_fact(engine: MemoryEngine) -> None:
+    secret = engine.memory.add("Bob's locker code is 4812.", user_id="bob")
+    engine.memory.add("Alice likes tea.", user_id="alice")
+    with pytest.raises(InvalidInputError):
+        engine.answer(ask("What is Bob's locker code?"), [secret], user_id="alice")
+    assert all(f.fact.user_id == "alice" for f in
+               engine.chat(ask("What is Bob's locker code?"), user_id="alice", k=5).facts)
+    # A forged low-level request: alice's tenant naming bob's fact over bob's tokens.
+    layout = engine.builder.build(ask("What is Bob's locker code?"), [(secret.id, secret.text)])
+    forged = RequestParams("alice", layout.layout_id, inject=(
+        Span(FactKey("", engine.builder.header_name), 0, layout.header_end),
+        Span(FactKey("bob", secret.id), *layout.fact_spans[0][1:])))
+    done = engine.arun(engine.runtime.complete(layout.token_ids, max_tokens=1, params=forged,
+                                               salted=True))
+    assert done.report.get("injected_tokens", 0) == 0 and "error" in done.report
+    # Alice's own key over bob's tokens: the token digest does not match anything of hers.
+    mine = RequestParams("alice", layout.layout_id, inject=(
+        Span(FactKey("", engine.builder.header_name), 0, layout.header_end),
+        Span(FactKey("alice", secret.id), *layout.fact_spans[0][1:])))
+    done = engine.arun(engine.runtime.complete(layout.token_ids, max_tokens=1, params=mine,
+                                               salted=True))
+    assert done.report["missing"] == [["alice", secret.id]]
+
+
+def test_lifecycle_add_update_delete(engine: MemoryEngine) -> None:
+    fact = engine.memory.add("Kenji's favourite colour is green.", user_id="kenji")
+    question = ask("What is Kenji's favourite colour?")
+    first = engine.chat(question, user_id="kenji", k=3, max_tokens=12)
+    assert first.metrics.fact_ids == [fact.id] and first.metrics.recomputed_fact_ids == []
+    assert "green" in first.text.lower()
+
+    engine.memory.update(fact.id, "Kenji's favourite colour is purple.", user_id="kenji")
+    second = engine.chat(question, user_id="kenji", k=3, max_tokens=12)
+    assert second.facts[0].fact.text.endswith("purple.")
+    assert second.metrics.recomputed_fact_ids == []  # the new text's KV was captured
+    assert "purple" in second.text.lower()
+
+    engine.memory.delete(fact.id, user_id="kenji")
+    with pytest.raises(FactNotFoundError):
+        engine.memory.get(fact.id, user_id="kenji")
+    third = engine.chat(question, user_id="kenji", k=3, max_tokens=12)
+    assert third.metrics.fact_ids == [] and third.facts == []
+    layout = engine.builder.build(question, [(fact.id, second.facts[0].fact.text)])
+    forged = RequestParams("kenji", layout.layout_id, inject=(
+        Span(FactKey("", engine.builder.header_name), 0, layout.header_end),
+        Span(FactKey("kenji", fact.id), *layout.fact_spans[0][1:])))
+    done = engine.arun(engine.runtime.complete(layout.token_ids, max_tokens=1, params=forged,
+                                               salted=True))
+    assert done.report["missing"] == [["kenji", fact.id]]  # evicted from the engine too
+
+
+def test_missing_kv_is_recomputed_and_reported(engine: MemoryEngine) -> None:
+    fact = engine.memory.add("Lena's cat is named Pixel and is nine years old.",
+                             user_id="missing")
+    question = ask(LONG_QUESTION.replace("Caroline", "Lena's cat").replace("she", "it"))
+    engine.drop_kv("missing", [fact.id])
+    recomputed = engine.chat(question, user_id="missing", mode="kv", max_tokens=16, logprobs=5)
+    text = engine.chat(question, user_id="missing", mode="text", max_tokens=16, logprobs=5)
+    assert recomputed.metrics.recomputed_fact_ids == [fact.id]
+    assert recomputed.token_ids == text.token_ids
+    assert recomputed.logprobs is not None and recomputed.logprobs[0] == text.logprobs[0]
+    engine.wait_for_background()
+    again = engine.chat(question, user_id="missing", mode="kv", max_tokens=16)
+    assert again.metrics.recomputed_fact_ids == []
+    assert again.metrics.injected_tokens > recomputed.metrics.injected_tokens
+
+
+def test_streaming_yields_the_same_answer(engine: MemoryEngine) -> None:
+    engine.memory.add("Priya's bike is red.", user_id="stream")
+    chunks = list(engine.stream_chat(ask("What colour is Priya's bike?"), user_id="stream",
+                                     max_tokens=12))
+    final = chunks[-1].result
+    assert final is not None
+    assert "".join(c.text for c in chunks) == final.text
+    assert final.text == engine.chat(ask("What colour is Priya's bike?"), user_id="stream",
+                                     max_tokens=12).text
+
+
+def test_bad_input_is_refused_and_changes_nothing(engine: MemoryEngine) -> None:
+    engine.memory.add("Sven collects stamps.", user_id="bad")
+    before = engine.memory.list(user_id="bad")
+    with pytest.raises(UnknownUserError):
+        engine.chat(ask("Who am I?"), user_id="nobody-at-all")
+    with pytest.raises(InvalidInputError):
+        engine.memory.add("   ", user_id="bad")
+    with pytest.raises(InvalidInputError):
+        engine.memory.add("word " * 2000, user_id="bad")
+    with pytest.raises(InvalidInputError):
+        engine.memory.add(["fine fact", ""], user_id="bad")
+    for k in (0, -1, True, 2.5):
+        with pytest.raises(InvalidInputError):
+            engine.chat(ask("What does Sven collect?"), user_id="bad", k=k)
+    with pytest.raises(ContextLengthError):
+        engine.chat(ask("tell me more " * 3000), user_id="bad")
+    with pytest.raises(InvalidInputError):
+        engine.chat([{"role": "robot", "content": "hi"}], user_id="bad")
+    with pytest.raises(InvalidInputError):
+        engine.chat(ask("hi"), user_id="bad", mode="telepathy")
+    assert engine.memory.list(user_id="bad") == before
+    assert "stamp" in engine.chat(ask("What does Sven collect?"), user_id="bad",
+                                  max_tokens=12).text.lower()
