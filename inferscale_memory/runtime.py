@@ -108,6 +108,11 @@ class VllmRuntime:
         return asyncio.run_coroutine_threadsafe(coro, self._loop)
 
     @property
+    def block_size(self) -> int:
+        """Tokens per KV block of the engine (the prefix cache's granularity)."""
+        return int(self._llm.vllm_config.cache_config.block_size)
+
+    @property
     def loop(self) -> asyncio.AbstractEventLoop:
         return self._loop
 

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+
 
 @pytest.fixture(scope="session")
 def engine_store_path(tmp_path_factory: pytest.TempPathFactory) -> Path:

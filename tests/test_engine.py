@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from inferscale_memory import (
+    ChatResult,
     ContextLengthError,
     FactNotFoundError,
     InvalidInputError,
@@ -15,34 +16,67 @@ from inferscale_memory.connector.params import FactKey, RequestParams, Span
 
 pytestmark = pytest.mark.engine
 
-# vLLM's CPU kernels are not batch invariant for very short query runs: recomputing the
-# same prompt as "44 cached + 16 computed" tokens moves logprobs by ~0.07 even with
-# bit-identical cached KV. Questions of a few dozen tokens keep both paths on the same
-# kernels, so any difference left would be the connector's.
-LONG_QUESTION = (
-    "I am planning a trip and want to visit her. Please think about everything you know "
-    "about her, including where she lives now and since when. Where does Caroline live?")
-FACT = "Caroline moved to Berlin in May 2023 and works there as a nurse."
+QUESTIONS = ["Where does Caroline live?",
+             "I am planning a trip and want to visit her. Please think about everything you "
+             "know about her, including where she lives now. Where does Caroline live?"]
 
 
 def ask(question: str) -> list[dict[str, str]]:
     return [{"role": "user", "content": question}]
 
 
-def test_single_fact_injected_where_captured_is_exact(engine: MemoryEngine) -> None:
-    engine.memory.add(FACT, user_id="exact")
-    text = engine.chat(ask(LONG_QUESTION), user_id="exact", mode="text", max_tokens=32,
-                       logprobs=5)
-    kv = engine.chat(ask(LONG_QUESTION), user_id="exact", mode="kv", max_tokens=32,
-                     logprobs=5)
-    # Header and fact come from the pool; only the question is computed.
-    assert kv.metrics.injected_tokens > kv.metrics.memory_tokens > 0
-    assert kv.metrics.computed_tokens == kv.metrics.prompt_tokens - kv.metrics.injected_tokens
-    assert kv.metrics.recomputed_fact_ids == []
+def block_fact(engine: MemoryEngine, sentence: str, blocks: int = 1) -> str:
+    """``sentence`` padded so that header + fact fill exactly ``blocks`` KV blocks.
+
+    The text path then finds header + fact in vLLM's own prefix cache, so both paths
+    compute the rest of the prompt in the same chunk: vLLM's CPU kernels are not batch
+    invariant (a prompt prefilled in one go and the same prompt with a cached prefix differ
+    in the last bits), so only equal chunking makes the comparison exact.
+    """
+    target = blocks * engine.runtime.block_size - len(engine.builder.header_ids)
+    words = sentence.rstrip(".").split()
+    filler = ["and", "she", "keeps", "a", "small", "notebook", "about", "it"]
+    for extra in range(0, 400):
+        for oks in range(4):
+            text = " ".join(words + (filler * 60)[:extra]) + " ok" * oks + "."
+            if len(engine.builder.fact_ids(text)) == target:
+                return text
+    raise AssertionError("no padding reaches the block boundary")
+
+
+def warm_text(engine: MemoryEngine, question: list[dict[str, str]], **kwargs: object
+              ) -> tuple[ChatResult, ChatResult]:
+    """The text path twice: a fresh prefill, then the same prompt on a warm prefix cache."""
+    engine.reset_prefix_cache()
+    fresh = engine.chat(question, mode="text", **kwargs)  # type: ignore[arg-type]
+    warm = engine.chat(question, mode="text", **kwargs)  # type: ignore[arg-type]
+    assert fresh.metrics.cached_tokens == 0
+    assert warm.metrics.cached_tokens >= engine.runtime.block_size
+    return fresh, warm
+
+
+def assert_same_answer(kv: ChatResult, text: ChatResult) -> None:
+    assert kv.prompt_token_ids == text.prompt_token_ids
     assert kv.token_ids == text.token_ids
     assert kv.logprobs is not None and text.logprobs is not None
     assert kv.logprobs[0] == text.logprobs[0]
-    assert "Berlin" in kv.text
+
+
+@pytest.mark.parametrize("question", QUESTIONS)
+def test_single_fact_injected_where_captured_is_exact(engine: MemoryEngine, question: str,
+                                                      record_property: pytest.RecordProperty
+                                                      ) -> None:
+    user = f"exact-{QUESTIONS.index(question)}"
+    engine.memory.add(block_fact(engine, "Caroline moved to Berlin in May 2023."), user_id=user)
+    options = dict(user_id=user, k=1, max_tokens=32, logprobs=5)
+    fresh, warm = warm_text(engine, ask(question), **options)
+    kv = engine.chat(ask(question), mode="kv", **options)  # type: ignore[arg-type]
+    assert kv.metrics.injected_tokens == engine.runtime.block_size  # header + fact
+    assert kv.metrics.computed_tokens == kv.metrics.prompt_tokens - engine.runtime.block_size
+    assert kv.metrics.recomputed_fact_ids == []
+    assert_same_answer(kv, warm)
+    # Recorded, not asserted: vLLM's own prefix caching vs a one-shot prefill.
+    record_property("fresh_equals_warm_logprobs", fresh.logprobs == warm.logprobs)
 
 
 @pytest.mark.parametrize("k", [1, 2, 4])
@@ -82,14 +116,14 @@ def test_plain_request_never_reuses_injected_blocks(engine: MemoryEngine) -> Non
              for n in range(12)]
     ids = [f.id for f in engine.memory.add(facts, user_id="isolation")]
     stored = [engine.store.get(i, user_id="isolation") for i in ids]
-    kv = engine.answer(ask(LONG_QUESTION), stored, user_id="isolation", mode="kv",
+    kv = engine.answer(ask(QUESTIONS[1]), stored, user_id="isolation", mode="kv",
                        max_tokens=4, logprobs=5)
     assert kv.metrics.injected_tokens >= 128  # at least one full block entered the cache
-    after = engine.answer(ask(LONG_QUESTION), stored, user_id="isolation", mode="text",
+    after = engine.answer(ask(QUESTIONS[1]), stored, user_id="isolation", mode="text",
                           max_tokens=4, logprobs=5)
     assert after.metrics.cached_tokens == 0 and after.metrics.injected_tokens == 0
     engine.reset_prefix_cache()
-    fresh = engine.answer(ask(LONG_QUESTION), stored, user_id="isolation", mode="text",
+    fresh = engine.answer(ask(QUESTIONS[1]), stored, user_id="isolation", mode="text",
                           max_tokens=4, logprobs=5)
     assert fresh.metrics.cached_tokens == 0
     assert after.logprobs == fresh.logprobs and after.token_ids == fresh.token_ids
@@ -120,24 +154,27 @@ def test_user_cannot_inject_another_users_fact(engine: MemoryEngine) -> None:
 
 
 def test_lifecycle_add_update_delete(engine: MemoryEngine) -> None:
-    fact = engine.memory.add("Kenji's favourite colour is green.", user_id="kenji")
     question = ask("What is Kenji's favourite colour?")
-    first = engine.chat(question, user_id="kenji", k=3, max_tokens=12)
-    assert first.metrics.fact_ids == [fact.id] and first.metrics.recomputed_fact_ids == []
-    assert "green" in first.text.lower()
+    options = dict(user_id="kenji", k=3, max_tokens=12, logprobs=5)
+    fact = engine.memory.add(block_fact(engine, "Kenji's favourite colour is green."),
+                             user_id="kenji")
+    kv = engine.chat(question, mode="kv", **options)  # type: ignore[arg-type]
+    assert kv.metrics.fact_ids == [fact.id] and kv.metrics.recomputed_fact_ids == []
+    assert_same_answer(kv, warm_text(engine, question, **options)[1])
 
-    engine.memory.update(fact.id, "Kenji's favourite colour is purple.", user_id="kenji")
-    second = engine.chat(question, user_id="kenji", k=3, max_tokens=12)
-    assert second.facts[0].fact.text.endswith("purple.")
-    assert second.metrics.recomputed_fact_ids == []  # the new text's KV was captured
-    assert "purple" in second.text.lower()
+    new_text = block_fact(engine, "Kenji's favourite colour is purple.")
+    engine.memory.update(fact.id, new_text, user_id="kenji")
+    kv = engine.chat(question, mode="kv", **options)  # type: ignore[arg-type]
+    assert kv.facts[0].fact.text == new_text
+    assert kv.metrics.recomputed_fact_ids == []  # the new text's KV was captured...
+    assert_same_answer(kv, warm_text(engine, question, **options)[1])  # ...and injected
 
     engine.memory.delete(fact.id, user_id="kenji")
     with pytest.raises(FactNotFoundError):
         engine.memory.get(fact.id, user_id="kenji")
     third = engine.chat(question, user_id="kenji", k=3, max_tokens=12)
     assert third.metrics.fact_ids == [] and third.facts == []
-    layout = engine.builder.build(question, [(fact.id, second.facts[0].fact.text)])
+    layout = engine.builder.build(question, [(fact.id, new_text)])
     forged = RequestParams("kenji", layout.layout_id, inject=(
         Span(FactKey("", engine.builder.header_name), 0, layout.header_end),
         Span(FactKey("kenji", fact.id), *layout.fact_spans[0][1:])))
@@ -147,19 +184,26 @@ def test_lifecycle_add_update_delete(engine: MemoryEngine) -> None:
 
 
 def test_missing_kv_is_recomputed_and_reported(engine: MemoryEngine) -> None:
-    fact = engine.memory.add("Lena's cat is named Pixel and is nine years old.",
-                             user_id="missing")
-    question = ask(LONG_QUESTION.replace("Caroline", "Lena's cat").replace("she", "it"))
-    engine.drop_kv("missing", [fact.id])
-    recomputed = engine.chat(question, user_id="missing", mode="kv", max_tokens=16, logprobs=5)
-    text = engine.chat(question, user_id="missing", mode="text", max_tokens=16, logprobs=5)
-    assert recomputed.metrics.recomputed_fact_ids == [fact.id]
-    assert recomputed.token_ids == text.token_ids
-    assert recomputed.logprobs is not None and recomputed.logprobs[0] == text.logprobs[0]
-    engine.wait_for_background()
-    again = engine.chat(question, user_id="missing", mode="kv", max_tokens=16)
+    kept, dropped = engine.memory.add(
+        [block_fact(engine, "Lena's cat is named Pixel."), "Pixel is nine years old."],
+        user_id="missing")
+    question = ask("How old is Lena's cat Pixel?")
+    facts = [dropped, kept]  # best first: the prompt holds kept, then dropped
+    options = dict(user_id="missing", max_tokens=16, logprobs=5)
+    engine.drop_kv("missing", [dropped.id])
+    engine.reset_prefix_cache()
+    engine.answer(question, facts, mode="text", **options)  # warms header + kept
+    text = engine.answer(question, facts, mode="text", **options)
+    recomputed = engine.answer(question, facts, mode="kv", **options)
+    assert recomputed.metrics.recomputed_fact_ids == [dropped.id]
+    assert recomputed.metrics.injected_tokens == engine.runtime.block_size
+    assert_same_answer(recomputed, text)
+    engine.wait_for_background()  # the dropped fact is recaptured after the answer
+    again = engine.answer(question, facts, mode="kv", **options)
     assert again.metrics.recomputed_fact_ids == []
-    assert again.metrics.injected_tokens > recomputed.metrics.injected_tokens
+    # header + kept now come from the prefix cache of this tenant; dropped is injected again
+    assert again.metrics.injected_tokens == len(engine.builder.fact_ids(dropped.text))
+    assert again.metrics.computed_tokens < recomputed.metrics.computed_tokens
 
 
 def test_streaming_yields_the_same_answer(engine: MemoryEngine) -> None:

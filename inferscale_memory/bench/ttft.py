@@ -18,9 +18,11 @@ from tqdm import tqdm
 from inferscale_memory.engine import MemoryEngine
 from inferscale_memory.store import Fact
 
-WORDS = ("river garden violin morning teacher orange mountain library bicycle winter "
-         "painter harbor coffee festival lantern meadow kitchen thunder notebook island "
-         "dancer marble forest ticket silver cousin museum pepper journey blanket").split()
+WORDS = (
+    "river garden violin morning teacher orange mountain library bicycle winter painter "
+    "harbor coffee festival lantern meadow kitchen thunder notebook island dancer marble "
+    "forest ticket silver cousin museum pepper journey blanket"
+).split()
 QUESTION = "Summarise what you know about me in one sentence."
 USER = "bench-user"
 
@@ -83,8 +85,8 @@ def _stats(values: list[float]) -> tuple[float, float]:
 
 
 def format_table(rows: list[TtftRow]) -> str:
-    lines = ["| k | memory tokens | text TTFT median (p90) ms | KV TTFT median (p90) ms | KV / text |",
-             "|---|---|---|---|---|"]
+    lines = ["| k | memory tokens | text TTFT median (p90) ms | KV TTFT median (p90) ms "
+             "| KV / text |", "|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r.k} | {r.memory_tokens:.0f} | {r.text_median_ms:.1f} "
                      f"({r.text_p90_ms:.1f}) | {r.kv_median_ms:.1f} ({r.kv_p90_ms:.1f}) | "

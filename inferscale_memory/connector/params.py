@@ -93,8 +93,9 @@ def parse_params(raw: Mapping[str, Any] | None, prompt_len: int) -> RequestParam
     """Validate a request's ``kv_transfer_params``; ``None`` if it has none of ours.
 
     Raises:
-        ParamsError: malformed fields, spans outside the prompt, overlapping spans, or a
-            key outside the request's own tenant and the shared namespace.
+        ParamsError: malformed fields, spans outside the prompt, overlapping spans, a
+            key outside the request's own tenant and the shared namespace, a shared
+            header span not at position 0, or a capture naming a key twice.
     """
     if not raw or PARAMS_KEY not in raw:
         return None
@@ -143,7 +144,14 @@ def _spans(value: Any, tenant: str, prompt_len: int, field: str) -> tuple[Span, 
             raise ParamsError("span bounds must be integers")
         if not 0 <= start < end <= prompt_len:
             raise ParamsError(f"span [{start}, {end}) lies outside the prompt of {prompt_len}")
-        spans.append(Span(_key(item[:2], tenant), start, end))
+        key = _key(item[:2], tenant)
+        if key.ns == SHARED_NS and start != 0:
+            # Shared KV must depend on its tokens only, never on a tenant's prefix.
+            raise ParamsError("a shared header span must start at position 0")
+        spans.append(Span(key, start, end))
+    if field == "capture" and len({s.key for s in spans}) != len(spans):
+        # The worker collects a step's captures per (request, key).
+        raise ParamsError("a capture may not name a key more than once")
     spans.sort(key=lambda s: s.start)
     for left, right in zip(spans, spans[1:], strict=False):
         if right.start < left.end:

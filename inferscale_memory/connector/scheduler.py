@@ -81,6 +81,8 @@ class SchedulerSide:
         self._errors: dict[str, str] = {}
         self._captures: dict[str, _CaptureTrack] = {}
         self._reports: dict[str, _Report] = {}
+        # The request whose capture of a key the workers' pool holds last (see finished).
+        self._capturer: dict[FactKey, str] = {}
         self._next = StepPlan()
 
     # -- called by vLLM's scheduler, through the connector shim ------------------------
@@ -111,6 +113,7 @@ class SchedulerSide:
             self._track_capture(request, params, block_ids)
         for key in params.evict:
             self.registry.pop(key, None)
+            self._capturer.pop(key, None)
             self._next.evicts.append(key)
 
     def build_plan(self, new_reqs: list[Any], cached_reqs: Any,
@@ -142,10 +145,14 @@ class SchedulerSide:
         track = self._captures.pop(req_id, None)
         prompt = request.prompt_token_ids or []
         captured = []
-        for span in track.emitted if track else ():
+        latest = {span.key: span for span in track.emitted} if track else {}
+        for key, span in latest.items():
+            if self._capturer.get(key) != req_id:
+                continue  # captured again by a later request, or evicted, since
+            del self._capturer[key]
             tokens = prompt[span.start:span.end]
-            self.registry[span.key] = Registered(token_digest(tokens), len(tokens))
-            captured.append([span.key.ns, span.key.name])
+            self.registry[key] = Registered(token_digest(tokens), len(tokens))
+            captured.append([key.ns, key.name])
         self._params.pop(req_id, None)
         self._errors.pop(req_id, None)
         report = self._reports.pop(req_id, None)
@@ -175,13 +182,13 @@ class SchedulerSide:
             logger.warning("request %s: ignoring kv_transfer_params: %s", request.request_id, exc)
             self._errors[request.request_id] = str(exc)
             return None
-        if params is not None and params.inject:
-            if request.cache_salt != cache_salt(params.tenant, params.layout):
-                message = "injection needs the cache_salt of its tenant and layout"
-                logger.warning("request %s: %s", request.request_id, message)
-                self._errors[request.request_id] = message
-                params = RequestParams(params.tenant, params.layout, params.capture, (),
-                                       params.evict)
+        if (params is not None and params.inject
+                and request.cache_salt != cache_salt(params.tenant, params.layout)):
+            message = "injection needs the cache_salt of its tenant and layout"
+            logger.warning("request %s: %s", request.request_id, message)
+            self._errors[request.request_id] = message
+            params = RequestParams(params.tenant, params.layout, params.capture, (),
+                                   params.evict)
         return params
 
     def _plan_injection(self, request: RequestLike, params: RequestParams) -> InjectionPlan:
@@ -225,12 +232,17 @@ class SchedulerSide:
         tokens = prompt[span.start:span.end]
         return entry is not None and entry.digest == token_digest(tokens)
 
-    @staticmethod
-    def _emit_captures(req_id: str, track: _CaptureTrack, computed_end: int,
+    def _emit_captures(self, req_id: str, track: _CaptureTrack, computed_end: int,
                        plan: StepPlan) -> None:
         ready = [s for s in track.spans if s.end <= computed_end]
         if not ready:
             return
         track.spans = [s for s in track.spans if s.end > computed_end]
         track.emitted.extend(ready)
+        for span in ready:
+            # The workers overwrite this key's pool entry in this step, but with async
+            # scheduling later steps are planned before this request finishes: the old
+            # registration must not be claimed meanwhile.
+            self.registry.pop(span.key, None)
+            self._capturer[span.key] = req_id
         plan.captures.append(CaptureOp(req_id, list(track.block_ids), ready))

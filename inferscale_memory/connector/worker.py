@@ -132,8 +132,9 @@ class WorkerSide:
     # -- helpers -----------------------------------------------------------------------
 
     def _slots(self, block_ids: list[int], positions: torch.Tensor) -> torch.Tensor:
+        size = self._block_size
         table = torch.tensor(block_ids, dtype=torch.int64)
-        return table[positions // self._block_size] * self._block_size + positions % self._block_size
+        return table[positions // size] * size + positions % size
 
     def _blocks_of(self, block_ids: list[int], position: int, length: int) -> set[int]:
         first, last = position // self._block_size, (position + length - 1) // self._block_size

@@ -5,7 +5,7 @@ vLLM caches keys after RoPE. A key rotated at position ``p`` becomes the key of 
 the pool keeps keys as captured (tagged with their position) and a fact injected where it
 was captured is copied bit for bit, with no rotation at all.
 
-The frequencies come from the model's own rotary module (``_compute_inv_freq``), which
+The frequencies come from the model's own rotary module (its cos/sin table), which
 covers the scaled variants (llama3, linear, YaRN's frequencies); YaRN's magnitude factor
 is already inside the captured key and is not applied twice.
 """
@@ -34,8 +34,14 @@ class RotaryShift:
     @classmethod
     def from_rotary_module(cls, rope: torch.nn.Module) -> RotaryShift:
         """Build from a vLLM ``RotaryEmbedding`` instance (the model's own)."""
-        inv_freq = rope._compute_inv_freq(rope.base).to(torch.float32).cpu()
-        return cls(inv_freq, int(rope.rotary_dim), bool(rope.is_neox_style))
+        # The angles of position 1 in the module's own full-precision cos/sin table:
+        # every scaling rule is in it (scaled frequencies, scaled positions, adjusted
+        # bases), while ``_compute_inv_freq``'s argument and meaning vary by subclass
+        # (YaRN's takes the scaling factor, linear scaling divides the positions). YaRN's
+        # magnitude factor scales cos and sin alike and cancels out of atan2.
+        with torch.no_grad():
+            cos, sin = rope._compute_cos_sin_cache()[1].to(torch.float32).cpu().chunk(2)
+        return cls(torch.atan2(sin, cos), int(rope.rotary_dim), bool(rope.is_neox_style))
 
     def shift(self, keys: torch.Tensor, deltas: torch.Tensor) -> torch.Tensor:
         """Rotate ``keys`` (``[..., n, heads, head_dim]``) by ``deltas`` (``[n]`` ints).

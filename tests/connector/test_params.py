@@ -200,22 +200,27 @@ def request_params(draw: st.DrawFn) -> tuple[RequestParams, int]:
     tenant = draw(tenant_names)
     layout = draw(st.text(max_size=6))
 
-    def key() -> FactKey:
-        if draw(st.booleans()):
+    def key(shared: bool) -> FactKey:
+        if shared:
             return FactKey(SHARED_NS, "header:" + draw(st.text(max_size=5)))
         return FactKey(tenant, draw(fact_names))
 
-    def spans() -> tuple[Span, ...]:
+    def spans(unique: bool) -> tuple[Span, ...]:
         lengths = draw(st.lists(st.tuples(st.integers(0, 3), st.integers(1, 5)), max_size=5))
-        out, position = [], 0
+        out: list[Span] = []
+        position = 0
         for gap, length in lengths:
             position += gap
-            out.append(Span(key(), position, position + length))
+            # a shared header can only start the prompt
+            span_key = key(position == 0 and draw(st.booleans()))
+            if unique and span_key in {s.key for s in out}:
+                continue
+            out.append(Span(span_key, position, position + length))
             position += length
         return tuple(out)
 
-    capture, inject = spans(), spans()
-    evict = tuple(key() for _ in range(draw(st.integers(0, 3))))
+    capture, inject = spans(unique=True), spans(unique=False)
+    evict = tuple(key(draw(st.booleans())) for _ in range(draw(st.integers(0, 3))))
     ends = [s.end for s in capture + inject]
     prompt_len = max(ends, default=0) + draw(st.integers(0, 3))
     return RequestParams(tenant, layout, capture, inject, evict), prompt_len
@@ -268,7 +273,7 @@ near_bodies = st.fixed_dictionaries(
 ) | json_values
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(raw=st.dictionaries(st.sampled_from([PARAMS_KEY, "other"]), near_bodies, max_size=2),
        prompt_len=st.integers(0, 45))
 def test_junk_bodies_raise_only_params_error(raw: dict[str, Any], prompt_len: int) -> None:
@@ -284,4 +289,27 @@ def test_junk_bodies_raise_only_params_error(raw: dict[str, Any], prompt_len: in
     for span in params.capture + params.inject:
         assert 0 <= span.start < span.end <= prompt_len
         assert span.key.ns in (params.tenant, SHARED_NS)
+        assert span.key.ns != SHARED_NS or span.start == 0
     assert parse_params(params.to_dict(), prompt_len) == params
+
+
+@pytest.mark.parametrize("field", ["capture", "inject"])
+def test_shared_header_must_start_the_prompt(field: str) -> None:
+    # A header's KV is shared by every tenant and must depend on its tokens only: one
+    # captured after other tokens would carry that tenant's context into everyone's
+    # prompts (the registry only checks the tokens).
+    with pytest.raises(ParamsError, match="position 0"):
+        parse_params(body(**{field: [["", HEADER, 5, 13]]}), PROMPT_LEN)
+    params = parse_params(body(**{field: [["", HEADER, 0, 8]]}), PROMPT_LEN)
+    assert params is not None
+
+
+def test_capture_names_each_key_once() -> None:
+    # The worker collects a step's captures per (request, key): two spans of one key
+    # would store the KV of one under the position of the other.
+    with pytest.raises(ParamsError, match="more than once"):
+        parse_params(body(capture=[["alice", "f", 8, 12], ["alice", "f", 20, 24]]), PROMPT_LEN)
+    # injecting one fact twice is fine: each load piece is copied on its own
+    params = parse_params(body(inject=[["alice", "f", 8, 12], ["alice", "f", 12, 16]]),
+                          PROMPT_LEN)
+    assert params is not None and len(params.inject) == 2

@@ -1,0 +1,589 @@
+"""Scheduler side of the connector, driven like vLLM's scheduler drives it.
+
+Real ``vllm.v1.request.Request`` objects carry the ``kv_transfer_params`` and the
+``cache_salt``; real ``NewRequestData``/``CachedRequestData`` describe each step. The call
+order mirrors vLLM's scheduler: ``get_num_new_matched_tokens`` with the (block-aligned)
+local prefix hit, ``update_state_after_alloc`` with the claimed count, then
+``build_connector_meta`` for the step, and ``request_finished`` at the end.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from inferscale_memory.connector.params import (
+    PARAMS_KEY,
+    FactKey,
+    RequestParams,
+    Span,
+    cache_salt,
+)
+from inferscale_memory.connector.plan import CaptureOp, LoadOp, StepPlan
+from inferscale_memory.connector.scheduler import SchedulerSide
+
+pytest.importorskip("vllm")
+
+from vllm import SamplingParams  # noqa: E402
+from vllm.v1.core.sched.output import CachedRequestData, NewRequestData  # noqa: E402
+from vllm.v1.request import Request  # noqa: E402
+
+LAYOUT = "L1"
+HEADER = FactKey("", "header:L1")
+A = FactKey("alice", "fa")
+B = FactKey("alice", "fb")
+C = FactKey("alice", "fc")
+
+HEADER_IDS = list(range(100, 108))  # positions 0..8
+A_IDS = list(range(200, 212))  # 12 tokens
+B_IDS = list(range(300, 310))  # 10 tokens
+C_IDS = list(range(400, 405))  # 5 tokens
+QUESTION = list(range(500, 510))
+
+
+def request(req_id: str, prompt: list[int], params: RequestParams | dict[str, Any] | None,
+            salt: str | None = None) -> Request:
+    raw = params.to_dict() if isinstance(params, RequestParams) else params
+    extra = {"kv_transfer_params": raw} if raw is not None else None
+    return Request(req_id, list(prompt), SamplingParams(max_tokens=1, extra_args=extra), None,
+                   cache_salt=salt)
+
+
+def layout(*parts: tuple[FactKey, list[int]]) -> tuple[list[int], list[Span]]:
+    """Concatenate (key, tokens) parts; return the prompt and their spans."""
+    prompt: list[int] = []
+    spans = []
+    for key, ids in parts:
+        spans.append(Span(key, len(prompt), len(prompt) + len(ids)))
+        prompt.extend(ids)
+    return prompt, spans
+
+
+def schedule(side: SchedulerSide, req: Request, block_ids: list[int], local_hit: int = 0,
+             chunk: int | None = None) -> tuple[int, StepPlan]:
+    """One scheduler step that admits ``req`` (a new request); returns (claimed, plan)."""
+    claimed = side.num_matched_tokens(req, local_hit)
+    side.after_alloc(req, block_ids, claimed)
+    req.num_computed_tokens = local_hit + claimed
+    remaining = req.num_prompt_tokens - req.num_computed_tokens
+    scheduled = remaining if chunk is None else min(chunk, remaining)
+    new = NewRequestData.from_request(req, (list(block_ids),))
+    plan = side.build_plan([new], CachedRequestData.make_empty(),
+                           {req.request_id: scheduled})
+    req.num_computed_tokens += scheduled  # as vLLM does once the step is scheduled
+    return claimed, plan
+
+
+def continue_step(side: SchedulerSide, req: Request, scheduled: int,
+                  new_blocks: list[int] | None = None, resumed: bool = False) -> StepPlan:
+    """A later step of a running (or resumed) request, as ``scheduled_cached_reqs``."""
+    cached = CachedRequestData(
+        req_ids=[req.request_id],
+        resumed_req_ids={req.request_id} if resumed else set(),
+        new_token_ids=[],
+        all_token_ids={},
+        new_block_ids=[(list(new_blocks),) if new_blocks is not None else None],
+        num_computed_tokens=[req.num_computed_tokens],
+        num_output_tokens=[0],
+    )
+    plan = side.build_plan([], cached, {req.request_id: scheduled})
+    req.num_computed_tokens += scheduled
+    return plan
+
+
+def salt(tenant: str = "alice", layout_id: str = LAYOUT) -> str:
+    return cache_salt(tenant, layout_id)
+
+
+def capture_all(side: SchedulerSide, req_id: str = "cap",
+                parts: tuple[tuple[FactKey, list[int]], ...] = ((HEADER, HEADER_IDS),
+                                                                (A, A_IDS), (B, B_IDS)),
+                tenant: str = "alice") -> dict[str, Any] | None:
+    """Schedule a capture request of ``parts`` (+ a question) and finish it."""
+    prompt, spans = layout(*parts, (FactKey(tenant, "q"), QUESTION))
+    req = request(req_id, prompt, RequestParams(tenant, LAYOUT, capture=tuple(spans[:-1])))
+    schedule(side, req, [1, 2, 3])
+    return side.finished(req)
+
+
+@pytest.fixture
+def side() -> SchedulerSide:
+    return SchedulerSide()
+
+
+@pytest.fixture
+def primed() -> SchedulerSide:
+    """A scheduler that has registered HEADER, A and B."""
+    side = SchedulerSide()
+    report = capture_all(side)
+    assert report is not None
+    assert sorted(report[PARAMS_KEY]["captured"]) == sorted(
+        [[k.ns, k.name] for k in (HEADER, A, B)])
+    return side
+
+
+def inject_request(req_id: str, parts: tuple[tuple[FactKey, list[int]], ...],
+                   tail: list[int] = QUESTION, tenant: str = "alice",
+                   request_salt: str | None = None,
+                   inject_keys: tuple[FactKey, ...] | None = None) -> Request:
+    prompt, spans = layout(*parts)
+    prompt += tail
+    if inject_keys is not None:
+        spans = [s for s in spans if s.key in inject_keys]
+    params = RequestParams(tenant, LAYOUT, inject=tuple(spans))
+    return request(req_id, prompt, params,
+                   salt(tenant) if request_salt is None else request_salt)
+
+
+# -- nothing exists yet ---------------------------------------------------------------
+
+
+def test_nothing_is_claimed_for_unknown_facts(side: SchedulerSide) -> None:
+    req = inject_request("r", ((HEADER, HEADER_IDS), (A, A_IDS)))
+    claimed, plan = schedule(side, req, [5, 6])
+    assert claimed == 0
+    assert plan.is_empty()
+    report = side.finished(req)
+    assert report == {PARAMS_KEY: {"captured": [], "injected_tokens": 0,
+                                   "missing": [["", HEADER.name], ["alice", "fa"]]}}
+
+
+def test_plain_requests_are_never_claimed(side: SchedulerSide) -> None:
+    capture_all(side)
+    prompt, _ = layout((HEADER, HEADER_IDS), (A, A_IDS))
+    for raw in (None, {"other_connector": 1}):
+        req = request("plain", prompt + QUESTION, raw, salt())
+        claimed, plan = schedule(side, req, [5, 6])
+        assert claimed == 0 and plan.is_empty()
+        side.finished(req)
+
+
+# -- capture, then inject -------------------------------------------------------------
+
+
+def test_capture_emits_spans_with_the_request_blocks(side: SchedulerSide) -> None:
+    prompt, spans = layout((HEADER, HEADER_IDS), (A, A_IDS), (B, B_IDS), (C, QUESTION))
+    req = request("cap", prompt, RequestParams("alice", LAYOUT, capture=tuple(spans[:3])))
+    claimed, plan = schedule(side, req, [7, 3, 9])
+    assert claimed == 0
+    assert plan.loads == [] and plan.evicts == []
+    assert plan.captures == [CaptureOp("cap", [7, 3, 9], spans[:3])]
+    assert side.registry == {}  # registered only when the request finishes
+    report = side.finished(req)
+    assert report == {PARAMS_KEY: {"captured": [["", HEADER.name], ["alice", "fa"],
+                                                ["alice", "fb"]],
+                                   "injected_tokens": 0, "missing": []}}
+    assert set(side.registry) == {HEADER, A, B}
+    assert side.registry[A].length == len(A_IDS)
+
+
+def test_inject_claims_header_and_facts_with_right_pieces(primed: SchedulerSide) -> None:
+    req = inject_request("inj", ((HEADER, HEADER_IDS), (A, A_IDS), (B, B_IDS)))
+    claimed, plan = schedule(primed, req, [4, 8])
+    assert claimed == 8 + 12 + 10
+    assert plan.captures == [] and plan.evicts == []
+    assert plan.loads == [LoadOp("inj", [4, 8], [(HEADER, 0, 8, 0), (A, 0, 12, 8),
+                                                  (B, 0, 10, 20)])]
+    report = primed.finished(req)
+    assert report == {PARAMS_KEY: {"captured": [], "injected_tokens": 30, "missing": []}}
+    # the plan of the next step no longer carries the load
+    assert primed.build_plan([], CachedRequestData.make_empty(), {}).is_empty()
+
+
+def test_facts_are_claimed_at_new_positions_and_subsets(primed: SchedulerSide) -> None:
+    # B before A (other positions than at capture), no A at all in a second request
+    req = inject_request("swap", ((HEADER, HEADER_IDS), (B, B_IDS), (A, A_IDS)))
+    claimed, plan = schedule(primed, req, [1, 2])
+    assert claimed == 30
+    assert plan.loads[0].pieces == [(HEADER, 0, 8, 0), (B, 0, 10, 8), (A, 0, 12, 18)]
+    req2 = inject_request("only-b", ((HEADER, HEADER_IDS), (B, B_IDS)))
+    claimed2, plan2 = schedule(primed, req2, [3])
+    assert claimed2 == 18
+    assert plan2.loads[0].pieces == [(HEADER, 0, 8, 0), (B, 0, 10, 8)]
+
+
+def test_last_prompt_token_is_never_claimed(primed: SchedulerSide) -> None:
+    req = inject_request("no-q", ((HEADER, HEADER_IDS), (A, A_IDS)), tail=[])
+    assert req.num_prompt_tokens == 20
+    claimed, plan = schedule(primed, req, [2, 3])
+    assert claimed == 19
+    assert plan.loads[0].pieces == [(HEADER, 0, 8, 0), (A, 0, 11, 8)]
+    assert primed.finished(req)[PARAMS_KEY]["injected_tokens"] == 19
+
+
+def test_claim_after_a_prefix_cache_hit_loads_only_the_rest(primed: SchedulerSide) -> None:
+    req = inject_request("hit", ((HEADER, HEADER_IDS), (A, A_IDS), (B, B_IDS)))
+    # vLLM hands the connector a block-aligned local hit (16 tokens of 16-token blocks)
+    claimed, plan = schedule(primed, req, [4, 8], local_hit=16)
+    assert claimed == 30 - 16
+    assert plan.loads == [LoadOp("hit", [4, 8], [(A, 8, 4, 16), (B, 0, 10, 20)])]
+
+
+@pytest.mark.parametrize("local_hit", [30, 32, 40])
+def test_nothing_to_claim_when_the_local_hit_covers_the_facts(primed: SchedulerSide,
+                                                              local_hit: int) -> None:
+    req = inject_request(f"hit{local_hit}", ((HEADER, HEADER_IDS), (A, A_IDS), (B, B_IDS)))
+    assert primed.num_matched_tokens(req, local_hit) == 0
+    primed.after_alloc(req, [4, 8, 9], 0)
+    assert primed.build_plan([], CachedRequestData.make_empty(), {}).loads == []
+
+
+def test_forged_span_is_not_claimed_and_is_reported_missing(primed: SchedulerSide) -> None:
+    forged_a = [t + 1 for t in A_IDS]  # same key, same length, other tokens
+    req = inject_request("forged", ((HEADER, HEADER_IDS), (A, forged_a), (B, B_IDS)))
+    claimed, plan = schedule(primed, req, [4, 8])
+    assert claimed == 8
+    assert plan.loads[0].pieces == [(HEADER, 0, 8, 0)]
+    report = primed.finished(req)[PARAMS_KEY]
+    assert report["injected_tokens"] == 8
+    assert report["missing"] == [["alice", "fa"], ["alice", "fb"]]
+
+
+def test_span_of_another_length_is_not_claimed(primed: SchedulerSide) -> None:
+    req = inject_request("short", ((HEADER, HEADER_IDS), (A, A_IDS[:-1])))
+    claimed, _ = schedule(primed, req, [4, 8])
+    assert claimed == 8
+
+
+def test_span_not_right_after_the_previous_one_stops_the_claim(primed: SchedulerSide) -> None:
+    # a gap between the header and A: vLLM can only skip a contiguous run from 0
+    prompt = HEADER_IDS + [7] + A_IDS + QUESTION
+    params = RequestParams("alice", LAYOUT, inject=(Span(HEADER, 0, 8), Span(A, 9, 21)))
+    req = request("gap", prompt, params, salt())
+    claimed, plan = schedule(primed, req, [4, 8])
+    assert claimed == 8
+    assert primed.finished(req)[PARAMS_KEY]["missing"] == [["alice", "fa"]]
+
+
+def test_missing_fact_in_the_middle_stops_the_claim(side: SchedulerSide) -> None:
+    capture_all(side, parts=((HEADER, HEADER_IDS), (A, A_IDS), (C, C_IDS)))
+    assert B not in side.registry
+    req = inject_request("mid", ((HEADER, HEADER_IDS), (A, A_IDS), (B, B_IDS), (C, C_IDS)))
+    claimed, plan = schedule(side, req, [4, 8])
+    assert claimed == 20  # header + A; B is missing, so C (registered) is not loaded
+    assert plan.loads[0].pieces == [(HEADER, 0, 8, 0), (A, 0, 12, 8)]
+    assert side.finished(req)[PARAMS_KEY]["missing"] == [["alice", "fb"], ["alice", "fc"]]
+
+
+def test_other_tenants_key_is_ignored_and_reported(primed: SchedulerSide) -> None:
+    prompt, spans = layout((HEADER, HEADER_IDS), (A, A_IDS))
+    raw = RequestParams("alice", LAYOUT, inject=tuple(spans)).to_dict()
+    raw[PARAMS_KEY]["tenant"] = "bob"  # bob names alice's fact
+    req = request("bob-1", prompt + QUESTION, raw, salt("bob"))
+    claimed, plan = schedule(primed, req, [4, 8])
+    assert claimed == 0
+    assert plan.is_empty()
+    report = primed.finished(req)[PARAMS_KEY]
+    assert report["injected_tokens"] == 0
+    assert "own tenant" in report["error"]
+    # even bob's shared header is not loaded: the whole request is served as plain
+    assert A in primed.registry
+
+
+def test_bob_may_use_the_shared_header_but_not_alices_facts(primed: SchedulerSide) -> None:
+    bob_fact = FactKey("bob", "fa")  # same name as alice's fact, in bob's namespace
+    req = inject_request("bob-2", ((HEADER, HEADER_IDS), (bob_fact, A_IDS)), tenant="bob")
+    claimed, plan = schedule(primed, req, [4, 8])
+    assert claimed == 8
+    assert plan.loads[0].pieces == [(HEADER, 0, 8, 0)]
+    assert primed.finished(req)[PARAMS_KEY]["missing"] == [["bob", "fa"]]
+
+
+@pytest.mark.parametrize("request_salt", [None, "", "inferscale-other", "bob", "other-layout"])
+def test_inject_without_its_cache_salt_injects_nothing(primed: SchedulerSide,
+                                                       request_salt: str | None) -> None:
+    value = {"bob": salt("bob"), "other-layout": salt("alice", "L2")}.get(
+        request_salt or "", request_salt)
+    prompt, spans = layout((HEADER, HEADER_IDS), (A, A_IDS))
+    req = request("nosalt", prompt + QUESTION,
+                  RequestParams("alice", LAYOUT, inject=tuple(spans)), value)
+    claimed, plan = schedule(primed, req, [4, 8])
+    assert claimed == 0
+    assert plan.is_empty()
+    report = primed.finished(req)[PARAMS_KEY]
+    assert report["injected_tokens"] == 0
+    assert "cache_salt" in report["error"]
+
+
+def test_unsalted_request_still_captures(side: SchedulerSide) -> None:
+    # the salt guards injection only; captures and evictions of the request still run
+    prompt, spans = layout((HEADER, HEADER_IDS), (A, A_IDS))
+    params = RequestParams("alice", LAYOUT, capture=(spans[1],), inject=(spans[0],))
+    req = request("mixed", prompt + QUESTION, params, salt=None)
+    claimed, plan = schedule(side, req, [4, 8])
+    assert claimed == 0
+    assert plan.captures == [CaptureOp("mixed", [4, 8], [spans[1]])]
+    report = side.finished(req)[PARAMS_KEY]
+    assert report["captured"] == [["alice", "fa"]]
+    assert "cache_salt" in report["error"]
+
+
+def test_malformed_params_are_served_plain_with_an_error(side: SchedulerSide) -> None:
+    req = request("bad", HEADER_IDS + QUESTION,
+                  {PARAMS_KEY: {"tenant": "alice", "inject": [["alice", "f", 0, 999]]}}, salt())
+    claimed, plan = schedule(side, req, [4])
+    assert claimed == 0 and plan.is_empty()
+    assert "outside the prompt" in side.finished(req)[PARAMS_KEY]["error"]
+
+
+# -- registry upkeep --------------------------------------------------------------------
+
+
+def test_already_registered_spans_are_not_captured_again(primed: SchedulerSide) -> None:
+    before = dict(primed.registry)
+    prompt, spans = layout((HEADER, HEADER_IDS), (A, A_IDS), (C, C_IDS))
+    req = request("again", prompt + QUESTION,
+                  RequestParams("alice", LAYOUT, capture=tuple(spans)))
+    _, plan = schedule(primed, req, [6, 7])
+    assert plan.captures == [CaptureOp("again", [6, 7], [spans[2]])]  # only C is new
+    assert primed.finished(req)[PARAMS_KEY]["captured"] == [["alice", "fc"]]
+    assert {k: primed.registry[k] for k in before} == before
+
+
+def test_recapture_with_other_tokens_replaces_the_registration(primed: SchedulerSide) -> None:
+    new_a = [t + 1000 for t in A_IDS[:7]]  # the fact's text changed
+    capture_all(primed, "recap", parts=((HEADER, HEADER_IDS), (A, new_a)))
+    assert primed.registry[A].length == 7
+    old = inject_request("old", ((HEADER, HEADER_IDS), (A, A_IDS)))
+    assert schedule(primed, old, [1, 2])[0] == 8
+    new = inject_request("new", ((HEADER, HEADER_IDS), (A, new_a)))
+    assert schedule(primed, new, [1, 2])[0] == 15
+
+
+def test_eviction_drops_the_entry_and_reaches_the_workers(primed: SchedulerSide) -> None:
+    req = request("ev", HEADER_IDS[:1], RequestParams("alice", LAYOUT, evict=(A, C)))
+    claimed, plan = schedule(primed, req, [9])
+    assert claimed == 0
+    assert plan.evicts == [A, C]  # unknown keys are forwarded too: the pool may hold them
+    assert A not in primed.registry and B in primed.registry
+    assert primed.build_plan([], CachedRequestData.make_empty(), {}).evicts == []
+    primed.finished(req)
+    inj = inject_request("after", ((HEADER, HEADER_IDS), (A, A_IDS), (B, B_IDS)))
+    claimed, plan = schedule(primed, inj, [1, 2])
+    assert claimed == 8
+    assert primed.finished(inj)[PARAMS_KEY]["missing"] == [["alice", "fa"], ["alice", "fb"]]
+
+
+def test_load_recorded_before_an_eviction_in_the_same_step_stays(primed: SchedulerSide) -> None:
+    # The worker runs a step's loads before its evictions, so both can share a step.
+    inj = inject_request("inj", ((HEADER, HEADER_IDS), (A, A_IDS)))
+    ev = request("ev", HEADER_IDS[:1], RequestParams("alice", LAYOUT, evict=(A,)))
+    claimed = primed.num_matched_tokens(inj, 0)
+    primed.after_alloc(inj, [1, 2], claimed)
+    primed.after_alloc(ev, [3], 0)
+    plan = primed.build_plan([], CachedRequestData.make_empty(), {})
+    assert [op.req_id for op in plan.loads] == ["inj"] and plan.evicts == [A]
+
+
+# -- chunked and preempted captures -----------------------------------------------------
+
+
+def test_chunked_capture_emits_spans_once_computed(side: SchedulerSide) -> None:
+    prompt, spans = layout((HEADER, HEADER_IDS), (A, A_IDS), (B, B_IDS), (C, QUESTION))
+    req = request("chunk", prompt, RequestParams("alice", LAYOUT, capture=tuple(spans[:3])))
+    _, plan1 = schedule(side, req, [11], chunk=16)  # computes [0, 16)
+    assert plan1.captures == [CaptureOp("chunk", [11], [spans[0]])]
+    plan2 = continue_step(side, req, 4, new_blocks=[12])  # [16, 20): A ends exactly at 20
+    assert plan2.captures == [CaptureOp("chunk", [11, 12], [spans[1]])]
+    plan3 = continue_step(side, req, 9, new_blocks=None)  # [20, 29): B not done
+    assert plan3.captures == []
+    plan4 = continue_step(side, req, 11, new_blocks=[13])  # [29, 40)
+    assert plan4.captures == [CaptureOp("chunk", [11, 12, 13], [spans[2]])]
+    assert continue_step(side, req, 1).captures == []  # decode step: nothing left
+    side.finished(req)
+    assert set(side.registry) == {HEADER, A, B}
+
+
+def test_unfinished_capture_registers_only_emitted_spans(side: SchedulerSide) -> None:
+    prompt, spans = layout((HEADER, HEADER_IDS), (A, A_IDS), (C, QUESTION))
+    req = request("abort", prompt, RequestParams("alice", LAYOUT, capture=tuple(spans[:2])))
+    _, plan = schedule(side, req, [11], chunk=16)
+    assert [s.key for op in plan.captures for s in op.spans] == [HEADER]
+    report = side.finished(req)  # aborted after the first chunk
+    assert report[PARAMS_KEY]["captured"] == [["", HEADER.name]]
+    assert set(side.registry) == {HEADER}
+
+
+@pytest.mark.parametrize("as_new", [False, True], ids=["resumed-cached", "resumed-new"])
+def test_resumed_capture_uses_its_new_blocks(side: SchedulerSide, as_new: bool) -> None:
+    prompt, spans = layout((HEADER, HEADER_IDS), (A, A_IDS), (C, QUESTION))
+    req = request("pre", prompt, RequestParams("alice", LAYOUT, capture=tuple(spans[:2])))
+    _, plan = schedule(side, req, [11], chunk=16)
+    assert plan.captures[0].block_ids == [11]
+    # preempted, then admitted again from scratch with other blocks: vLLM's V1 model
+    # runner lists it among the cached requests as resumed, the V2 runner as a new one
+    req.num_computed_tokens = 0
+    if as_new:
+        _, plan = schedule(side, req, [21, 22])
+    else:
+        assert side.num_matched_tokens(req, 0) == 0
+        side.after_alloc(req, [21, 22], 0)
+        plan = continue_step(side, req, 30, new_blocks=[21, 22], resumed=True)
+    assert plan.captures == [CaptureOp("pre", [21, 22], [spans[1]])]
+    assert side.finished(req)[PARAMS_KEY]["captured"] == [["", HEADER.name], ["alice", "fa"]]
+
+
+def test_two_requests_in_one_step(primed: SchedulerSide) -> None:
+    inj = inject_request("inj", ((HEADER, HEADER_IDS), (B, B_IDS)))
+    prompt, spans = layout((HEADER, HEADER_IDS), (C, C_IDS))
+    cap = request("cap2", prompt + QUESTION,
+                  RequestParams("alice", LAYOUT, capture=(spans[1],)))
+    claimed = primed.num_matched_tokens(inj, 0)
+    primed.after_alloc(inj, [1, 2], claimed)
+    primed.after_alloc(cap, [3, 4], 0)
+    inj.num_computed_tokens = claimed
+    new = [NewRequestData.from_request(r, (b,)) for r, b in ((inj, [1, 2]), (cap, [3, 4]))]
+    plan = primed.build_plan(new, CachedRequestData.make_empty(),
+                             {"inj": inj.num_prompt_tokens - claimed,
+                              "cap2": cap.num_prompt_tokens})
+    assert plan.loads == [LoadOp("inj", [1, 2], [(HEADER, 0, 8, 0), (B, 0, 10, 8)])]
+    assert plan.captures == [CaptureOp("cap2", [3, 4], [spans[1]])]
+
+
+# -- the scheduler's questions have no side effects --------------------------------------
+
+
+def test_num_matched_tokens_is_side_effect_free(primed: SchedulerSide) -> None:
+    req = inject_request("q", ((HEADER, HEADER_IDS), (A, A_IDS), (B, B_IDS)))
+    before = copy.deepcopy(primed.registry)
+    assert primed.num_matched_tokens(req, 0) == 30
+    assert primed.num_matched_tokens(req, 0) == 30
+    assert primed.num_matched_tokens(req, 16) == 14
+    assert primed.registry == before
+    # nothing was planned: no load before update_state_after_alloc
+    assert primed.build_plan([], CachedRequestData.make_empty(), {}).is_empty()
+    # and nothing is reported for a request that was only asked about
+    assert primed.finished(req) is None
+
+
+def test_finished_without_scheduling_reports_nothing(side: SchedulerSide) -> None:
+    req = request("never", HEADER_IDS, None)
+    assert side.finished(req) is None
+
+
+# -- through the connector class vLLM instantiates ---------------------------------------
+
+
+@pytest.fixture(scope="module")
+def vllm_config() -> Any:
+    from vllm.config import VllmConfig
+
+    from inferscale_memory.connector import kv_transfer_config
+
+    return VllmConfig(kv_transfer_config=kv_transfer_config())
+
+
+def test_connector_shim_with_real_vllm_objects(vllm_config: Any) -> None:
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.kv_cache_utils import KVCacheBlock
+    from vllm.v1.core.sched.output import SchedulerOutput
+
+    from inferscale_memory.connector.connector import InferScaleConnector, InferScaleMetadata
+
+    connector = InferScaleConnector(vllm_config, KVConnectorRole.SCHEDULER, None)
+
+    def step(req: Request, block_ids: list[int]) -> tuple[int, StepPlan]:
+        claimed, is_async = connector.get_num_new_matched_tokens(req, 0)
+        assert is_async is False  # loads must finish before the forward pass
+        # asking twice changes nothing
+        assert connector.get_num_new_matched_tokens(req, 0) == (claimed, False)
+        blocks = KVCacheBlocks(blocks=([KVCacheBlock(i) for i in block_ids],))
+        connector.update_state_after_alloc(req, blocks, claimed)
+        req.num_computed_tokens = claimed
+        output = SchedulerOutput.make_empty()
+        output.scheduled_new_reqs = [NewRequestData.from_request(req, (block_ids,))]
+        output.num_scheduled_tokens = {req.request_id: req.num_prompt_tokens - claimed}
+        meta = connector.build_connector_meta(output)
+        assert isinstance(meta, InferScaleMetadata)
+        return claimed, meta.plan
+
+    prompt, spans = layout((HEADER, HEADER_IDS), (A, A_IDS))
+    cap = request("cap", prompt + QUESTION, RequestParams("alice", LAYOUT, capture=tuple(spans)))
+    claimed, plan = step(cap, [5, 6])
+    assert claimed == 0 and plan.captures == [CaptureOp("cap", [5, 6], spans)]
+    delay, report = connector.request_finished(cap, [5, 6])
+    assert delay is False
+    assert report == {PARAMS_KEY: {"captured": [["", HEADER.name], ["alice", "fa"]],
+                                   "injected_tokens": 0, "missing": []}}
+
+    inj = inject_request("inj", ((HEADER, HEADER_IDS), (A, A_IDS)))
+    claimed, plan = step(inj, [7, 8])
+    assert claimed == 20
+    assert plan.loads == [LoadOp("inj", [7, 8], [(HEADER, 0, 8, 0), (A, 0, 12, 8)])]
+    assert connector.request_finished(inj, [7, 8])[1] == {
+        PARAMS_KEY: {"captured": [], "injected_tokens": 20, "missing": []}}
+
+
+# -- a fact recaptured with other tokens while injections are scheduled -------------------
+
+
+def test_fact_being_recaptured_is_not_claimed_before_the_capture_finishes(
+        primed: SchedulerSide) -> None:
+    # With async scheduling (vLLM's default on GPU), step N+1 is scheduled before the
+    # outputs of step N are processed. Step N captures A's new text: the worker overwrites
+    # A's pool entry during step N. A request scheduled for step N+1 with A's *old* tokens
+    # must not claim A, or it would load the new text's KV for the old tokens.
+    new_a = [t + 1000 for t in A_IDS]  # same length, other tokens
+    prompt, spans = layout((HEADER, HEADER_IDS), (A, new_a))
+    recap = request("recap", prompt + QUESTION,
+                    RequestParams("alice", LAYOUT, capture=tuple(spans)))
+    _, plan_n = schedule(primed, recap, [1, 2])  # step N
+    assert plan_n.captures == [CaptureOp("recap", [1, 2], [spans[1]])]
+    old = inject_request("old", ((HEADER, HEADER_IDS), (A, A_IDS)))
+    claimed, plan = schedule(primed, old, [3, 4])  # step N+1, before recap finished
+    assert claimed == 8
+    assert plan.loads[0].pieces == [(HEADER, 0, 8, 0)]
+    primed.finished(recap)
+    new = inject_request("new", ((HEADER, HEADER_IDS), (A, new_a)))
+    assert schedule(primed, new, [5, 6])[0] == 20
+
+
+def test_older_of_two_concurrent_captures_does_not_win(primed: SchedulerSide) -> None:
+    # Two captures of the same key with different tokens: the pool keeps the KV of the
+    # last one captured; the registry must describe that one, whatever order they finish.
+    first, second = [t + 1000 for t in A_IDS], [t + 2000 for t in A_IDS]
+    reqs = []
+    for name, ids in (("c1", first), ("c2", second)):
+        prompt, spans = layout((HEADER, HEADER_IDS), (A, ids))
+        reqs.append(request(name, prompt + QUESTION,
+                            RequestParams("alice", LAYOUT, capture=(spans[1],))))
+        schedule(primed, reqs[-1], [1, 2])  # c1 in step N, c2 in step N+1
+    primed.finished(reqs[1])
+    primed.finished(reqs[0])  # the older capture finishes last
+    for name, ids, expected in (("i1", first, 8), ("i2", second, 20)):
+        req = inject_request(name, ((HEADER, HEADER_IDS), (A, ids)))
+        assert schedule(primed, req, [3, 4])[0] == expected, name
+
+
+def test_eviction_during_a_capture_is_not_undone_by_its_finish(
+        primed: SchedulerSide) -> None:
+    # Evicting A after its capture step (the worker drops the pool entry) but before the
+    # capture request finished must not leave A registered without KV in the pool.
+    prompt, spans = layout((HEADER, HEADER_IDS), (C, C_IDS))
+    cap = request("cap-c", prompt + QUESTION,
+                  RequestParams("alice", LAYOUT, capture=(spans[1],)))
+    schedule(primed, cap, [1, 2])
+    ev = request("ev", HEADER_IDS[:1], RequestParams("alice", LAYOUT, evict=(C,)))
+    _, plan = schedule(primed, ev, [3])
+    assert plan.evicts == [C]
+    primed.finished(ev)
+    primed.finished(cap)
+    assert C not in primed.registry
+
+
+def test_tenant_cannot_capture_the_shared_header_after_its_own_tokens(
+        side: SchedulerSide) -> None:
+    # bob captures the header's tokens after a prefix of his own: that KV is not the
+    # header's, and alice's requests (whose header tokens match) must never load it.
+    junk = [900, 901, 902]
+    raw = {PARAMS_KEY: {"tenant": "bob", "layout": LAYOUT,
+                        "capture": [["", HEADER.name, 3, 11]]}}
+    cap = request("bob-cap", junk + HEADER_IDS + QUESTION, raw)
+    _, plan = schedule(side, cap, [1])
+    assert plan.captures == []
+    assert "error" in side.finished(cap)[PARAMS_KEY]
+    inj = inject_request("alice", ((HEADER, HEADER_IDS), (A, A_IDS)))
+    assert schedule(side, inj, [2, 3])[0] == 0

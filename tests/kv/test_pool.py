@@ -1,0 +1,107 @@
+"""The worker's KV pool: entries by key, their byte count, least recently used first."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from inferscale_memory.connector.params import FactKey
+from inferscale_memory.kv.pool import KVPool, PoolEntry
+
+LAYERS, HEADS, HEAD = 3, 2, 8
+
+
+def entry(tokens: int, start: int = 0, dtype: torch.dtype = torch.bfloat16,
+          fill: float = 1.0) -> PoolEntry:
+    keys = torch.full((LAYERS, tokens, HEADS, HEAD), fill, dtype=dtype)
+    return PoolEntry(keys, keys * 2, start)
+
+
+def order(pool: KVPool[FactKey]) -> list[FactKey]:
+    """The pool's keys, least recently used first (its eviction order)."""
+    return list(pool._entries)
+
+
+def test_entry_sizes() -> None:
+    e = entry(5, start=7)
+    assert e.num_tokens == 5
+    assert e.start == 7
+    assert e.nbytes == 2 * LAYERS * 5 * HEADS * HEAD * 2  # K and V, 2 bytes each
+    assert entry(5, dtype=torch.float32).nbytes == 2 * e.nbytes
+
+
+def test_put_get_and_contains() -> None:
+    pool: KVPool[FactKey] = KVPool()
+    a, b = FactKey("alice", "a"), FactKey("", "header:x")
+    ea, eb = entry(4), entry(6, start=3)
+    assert len(pool) == 0 and pool.nbytes == 0
+    assert pool.get(a) is None
+    pool.put(a, ea)
+    pool.put(b, eb)
+    assert len(pool) == 2
+    assert a in pool and b in pool and FactKey("bob", "a") not in pool
+    assert pool.get(a) is ea and pool.get(b) is eb
+    assert pool.nbytes == ea.nbytes + eb.nbytes
+
+
+def test_put_replaces_and_recounts_bytes() -> None:
+    pool: KVPool[FactKey] = KVPool()
+    a = FactKey("alice", "a")
+    pool.put(a, entry(10))
+    new = entry(3, start=5, fill=7.0)
+    pool.put(a, new)
+    assert len(pool) == 1
+    assert pool.get(a) is new
+    assert pool.nbytes == new.nbytes
+
+
+def test_evict() -> None:
+    pool: KVPool[FactKey] = KVPool()
+    a, b = FactKey("alice", "a"), FactKey("alice", "b")
+    pool.put(a, entry(4))
+    pool.put(b, entry(2))
+    assert pool.evict(a) is True
+    assert pool.evict(a) is False  # already gone
+    assert pool.evict(FactKey("alice", "never")) is False
+    assert a not in pool and pool.get(a) is None
+    assert len(pool) == 1
+    assert pool.nbytes == entry(2).nbytes
+    assert pool.evict(b) is True
+    assert len(pool) == 0 and pool.nbytes == 0
+
+
+def test_lru_order_follows_puts_and_gets() -> None:
+    pool: KVPool[FactKey] = KVPool()
+    keys = [FactKey("alice", name) for name in "abcd"]
+    for key in keys:
+        pool.put(key, entry(1))
+    assert order(pool) == keys
+    pool.get(keys[0])  # a becomes the most recently used
+    assert order(pool) == [keys[1], keys[2], keys[3], keys[0]]
+    pool.get(FactKey("alice", "missing"))  # a miss changes nothing
+    assert order(pool) == [keys[1], keys[2], keys[3], keys[0]]
+    pool.put(keys[2], entry(2))  # replacing counts as a use
+    assert order(pool) == [keys[1], keys[3], keys[0], keys[2]]
+    pool.evict(keys[3])
+    assert order(pool) == [keys[1], keys[0], keys[2]]
+    assert "a" not in pool  # only the keys it holds
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_nbytes_matches_the_entries_after_random_operations(seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    pool: KVPool[FactKey] = KVPool()
+    model: dict[FactKey, PoolEntry] = {}
+    for _ in range(200):
+        key = FactKey("t", str(int(torch.randint(0, 8, (1,), generator=g))))
+        op = int(torch.randint(0, 3, (1,), generator=g))
+        if op == 0:
+            e = entry(int(torch.randint(1, 6, (1,), generator=g)))
+            pool.put(key, e)
+            model[key] = e
+        elif op == 1:
+            assert pool.get(key) is model.get(key)
+        else:
+            assert pool.evict(key) is (model.pop(key, None) is not None)
+        assert len(pool) == len(model)
+        assert pool.nbytes == sum(e.nbytes for e in model.values())
