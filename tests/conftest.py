@@ -9,8 +9,12 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from inferscale_memory import MemoryEngine
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
@@ -21,7 +25,7 @@ def engine_store_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def engine(engine_store_path: Path) -> Iterator["MemoryEngine"]:  # noqa: F821
+def engine(engine_store_path: Path) -> Iterator[MemoryEngine]:
     from inferscale_memory import MemoryEngine
 
     kv_cache_gb = int(os.environ.get("INFERSCALE_TEST_KV_CACHE_GB", "2"))
