@@ -8,6 +8,7 @@ to the engine: ``add`` captures the fact's KV, ``update`` recaptures it, ``delet
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, overload
 
@@ -78,6 +79,48 @@ class EngineMemory:
         count = self.store.delete_all(user_id=user_id)
         self._engine.runtime.run(self.evict(user_id, ids))
         return count
+
+    # -- async variants (await them on the engine's loop, e.g. inside the server) --------
+
+    async def aadd(self, text: Any, *, user_id: str, metadata: Any = None) -> Any:
+        """Async :meth:`add`."""
+        texts = [text] if isinstance(text, str) else list(text)
+        for item in texts:
+            self._check_tokens(item)
+        added = await self._in_thread(self.store.add, text, user_id=user_id, metadata=metadata)
+        await self.capture(user_id, [added] if isinstance(added, Fact) else added)
+        return added
+
+    async def aupdate(self, fact_id: str, text: str, *, user_id: str,
+                      metadata: dict[str, Any] | None = None) -> Fact:
+        """Async :meth:`update`."""
+        self._check_tokens(text)
+        fact = await self._in_thread(self.store.update, fact_id, text, user_id=user_id,
+                                     metadata=metadata)
+        await self.capture(user_id, [fact])
+        return fact
+
+    async def adelete(self, fact_id: str, *, user_id: str) -> Fact:
+        """Async :meth:`delete`."""
+        fact = await self._in_thread(self.store.delete, fact_id, user_id=user_id)
+        await self.evict(user_id, [fact.id])
+        return fact
+
+    async def adelete_all(self, *, user_id: str) -> int:
+        """Async :meth:`delete_all`."""
+        facts = await self._in_thread(self.store.list, user_id=user_id)
+        count = await self._in_thread(self.store.delete_all, user_id=user_id)
+        await self.evict(user_id, [fact.id for fact in facts])
+        return count
+
+    async def asearch(self, query: str, *, user_id: str, k: int = 10) -> list[ScoredFact]:
+        """Async :meth:`search` (the embedding runs in a worker thread)."""
+        return await self._in_thread(self.store.search, query, user_id=user_id, k=k)
+
+    @staticmethod
+    async def _in_thread(func: Any, *args: Any, **kwargs: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(
+            None, functools.partial(func, *args, **kwargs))
 
     # -- engine requests -----------------------------------------------------------------
 
