@@ -39,13 +39,7 @@ class EngineMemory:
         Example:
             >>> engine.memory.add("Caroline moved to Berlin.", user_id="caroline")  # doctest: +SKIP
         """
-        texts = [text] if isinstance(text, str) else list(text)
-        for item in texts:
-            self._check_tokens(item)
-        added = self.store.add(text, user_id=user_id, metadata=metadata)
-        facts = [added] if isinstance(added, Fact) else added
-        self._engine.runtime.run(self.capture(user_id, facts))
-        return added
+        return self._engine.runtime.run(self.aadd(text, user_id=user_id, metadata=metadata))
 
     def get(self, fact_id: str, *, user_id: str) -> Fact:
         return self.store.get(fact_id, user_id=user_id)
@@ -62,23 +56,16 @@ class EngineMemory:
     def update(self, fact_id: str, text: str, *, user_id: str,
                metadata: dict[str, Any] | None = None) -> Fact:
         """Change a fact's text; its KV is recaptured."""
-        self._check_tokens(text)
-        fact = self.store.update(fact_id, text, user_id=user_id, metadata=metadata)
-        self._engine.runtime.run(self.capture(user_id, [fact]))
-        return fact
+        return self._engine.runtime.run(
+            self.aupdate(fact_id, text, user_id=user_id, metadata=metadata))
 
     def delete(self, fact_id: str, *, user_id: str) -> Fact:
         """Delete a fact; its KV is evicted from the engine."""
-        fact = self.store.delete(fact_id, user_id=user_id)
-        self._engine.runtime.run(self.evict(user_id, [fact.id]))
-        return fact
+        return self._engine.runtime.run(self.adelete(fact_id, user_id=user_id))
 
     def delete_all(self, *, user_id: str) -> int:
         """Delete every fact of ``user_id``; their KV is evicted."""
-        ids = [fact.id for fact in self.store.list(user_id=user_id)]
-        count = self.store.delete_all(user_id=user_id)
-        self._engine.runtime.run(self.evict(user_id, ids))
-        return count
+        return self._engine.runtime.run(self.adelete_all(user_id=user_id))
 
     # -- async variants (await them on the engine's loop, e.g. inside the server) --------
 
