@@ -59,6 +59,7 @@ class VllmRuntime:
         self.model_path = model_path
         self.config = config
         self.max_model_len = config.max_model_len or _model_context(model_path)
+        self.detokenize = not config.engine_args.get("skip_tokenizer_init", False)
         self._ids = itertools.count()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever,
@@ -121,7 +122,7 @@ class VllmRuntime:
     async def stream(self, token_ids: list[int], *, max_tokens: int, temperature: float = 0.0,
                      params: RequestParams | None = None, salted: bool = False,
                      stop: list[str] | None = None, logprobs: int | None = None,
-                     seed: int | None = None) -> AsyncIterator[Delta]:
+                     seed: int | None = None, ignore_eos: bool = False) -> AsyncIterator[Delta]:
         """Generate from ``token_ids``; yield text deltas, then the :class:`Completion`."""
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
@@ -129,6 +130,7 @@ class VllmRuntime:
         extra = {"kv_transfer_params": params.to_dict()} if params is not None else None
         sampling = SamplingParams(max_tokens=max_tokens, temperature=temperature, stop=stop,
                                   logprobs=logprobs, seed=seed, extra_args=extra,
+                                  ignore_eos=ignore_eos, detokenize=self.detokenize,
                                   output_kind=RequestOutputKind.DELTA)
         prompt: dict[str, Any] = {"prompt_token_ids": list(token_ids)}
         if salted and params is not None:
@@ -141,7 +143,7 @@ class VllmRuntime:
             if piece.token_ids and not done.token_ids:
                 done.ttft_s = time.perf_counter() - start
             done.token_ids.extend(piece.token_ids)
-            done.text += piece.text
+            done.text += piece.text or ""
             if logprobs and piece.logprobs:
                 done.logprobs.extend({t: lp.logprob for t, lp in step.items()}  # type: ignore[union-attr]
                                      for step in piece.logprobs)

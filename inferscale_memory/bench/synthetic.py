@@ -1,0 +1,186 @@
+"""Token-level workloads on the bare runtime: random token ids, any model shape.
+
+No tokenizer and no weights are needed (``load_format="dummy"`` computes like real weights,
+so timings are real), which is how GPU-sized models are measured on machines without a
+model hub. The layout is the one the library uses: ``header | facts | question``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from inferscale_memory.config import MemoryConfig
+from inferscale_memory.connector.params import FactKey, RequestParams, Span
+from inferscale_memory.runtime import Completion, VllmRuntime
+
+TENANT = "bench"
+LAYOUT = "synthetic"
+
+SHAPES: dict[str, dict[str, Any]] = {
+    "llama-3.1-8b": dict(
+        architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=4096,
+        intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+        num_key_value_heads=8, head_dim=128, vocab_size=128256, max_position_embeddings=8192,
+        rms_norm_eps=1e-5, rope_theta=500000.0, torch_dtype="bfloat16", hidden_act="silu",
+        rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
+                          high_freq_factor=4.0, original_max_position_embeddings=8192),
+        bos_token_id=1, eos_token_id=2, tie_word_embeddings=False),
+    "llama-tiny": dict(
+        architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=1024,
+        intermediate_size=2816, num_hidden_layers=4, num_attention_heads=8,
+        num_key_value_heads=4, head_dim=128, vocab_size=32000, max_position_embeddings=4096,
+        rms_norm_eps=1e-5, rope_theta=10000.0, torch_dtype="bfloat16", hidden_act="silu",
+        bos_token_id=1, eos_token_id=2, tie_word_embeddings=False),
+}
+
+
+def write_dummy_model(folder: Path, shape: str) -> Path:
+    """A model folder holding only ``config.json`` (use with ``load_format="dummy"``)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(SHAPES[shape], indent=2))
+    return folder
+
+
+def dummy_runtime(folder: Path, **config: Any) -> VllmRuntime:
+    engine_args = {"load_format": "dummy", "skip_tokenizer_init": True,
+                   **config.pop("engine_args", {})}
+    return VllmRuntime(folder, MemoryConfig(model=str(folder), engine_args=engine_args,
+                                            **config))
+
+
+@dataclass
+class Prompt:
+    token_ids: list[int]
+    inject: RequestParams
+
+
+class SyntheticWorkload:
+    """Random header, facts and questions of fixed lengths, captured into one runtime."""
+
+    def __init__(self, runtime: VllmRuntime, vocab: int, *, header_len: int = 32,
+                 fact_len: int = 32, question_len: int = 16, seed: int = 0) -> None:
+        self.runtime = runtime
+        self._rng = random.Random(seed)
+        self._vocab = vocab
+        self.header = self._ids(header_len)
+        self.fact_len, self.question_len = fact_len, question_len
+        self.facts: list[list[int]] = []
+
+    def _ids(self, n: int) -> list[int]:
+        return [self._rng.randrange(10, self._vocab - 10) for _ in range(n)]
+
+    async def capture(self, count: int) -> float:
+        """Capture ``count`` new random facts concurrently; returns seconds taken."""
+        new = [self._ids(self.fact_len) for _ in range(count)]
+        first = len(self.facts)
+        self.facts.extend(new)
+        start = time.perf_counter()
+        await asyncio.gather(*(self._capture_one(first + i) for i in range(count)))
+        return time.perf_counter() - start
+
+    async def _capture_one(self, index: int) -> None:
+        h = len(self.header)
+        params = RequestParams(TENANT, LAYOUT, capture=(
+            Span(FactKey("", "header:synthetic"), 0, h),
+            Span(FactKey(TENANT, str(index)), h, h + self.fact_len)))
+        await self.runtime.control(self.header + self.facts[index], params)
+
+    def prompt(self, fact_indices: list[int], question: list[int] | None = None) -> Prompt:
+        ids = list(self.header)
+        spans = [Span(FactKey("", "header:synthetic"), 0, len(ids))]
+        for i in fact_indices:
+            spans.append(Span(FactKey(TENANT, str(i)), len(ids), len(ids) + self.fact_len))
+            ids.extend(self.facts[i])
+        ids.extend(question if question is not None else self._ids(self.question_len))
+        return Prompt(ids, RequestParams(TENANT, LAYOUT, inject=tuple(spans)))
+
+    def sample(self, k: int) -> list[int]:
+        return self._rng.sample(range(len(self.facts)), k)
+
+    async def run(self, prompt: Prompt, mode: str, max_tokens: int = 1,
+                  **kwargs: Any) -> Completion:
+        params = prompt.inject if mode == "kv" else None
+        return await self.runtime.complete(prompt.token_ids, max_tokens=max_tokens,
+                                           params=params, salted=True, **kwargs)
+
+
+async def ttft_sweep(work: SyntheticWorkload, ks: list[int], trials: int) -> list[dict]:
+    """Median and p90 TTFT (ms) per k and path; a different fact set every trial."""
+    rows = []
+    for k in ks:
+        times: dict[str, list[float]] = {"text": [], "kv": []}
+        for _ in range(trials):
+            prompt = work.prompt(work.sample(k))
+            for mode in ("kv", "text"):
+                times[mode].append((await work.run(prompt, mode)).ttft_s * 1000)
+        rows.append({"k": k, **{f"{m}_{stat}_ms": value for m in times
+                                for stat, value in zip(("median", "p90"), _stats(times[m]),
+                                                       strict=True)}})
+    return rows
+
+
+async def throughput(work: SyntheticWorkload, concurrency: int, k: int, output_len: int,
+                     mode: str) -> dict[str, float]:
+    """One-shot batch of ``concurrency`` requests; requests/s and output tokens/s."""
+    prompts = [work.prompt(work.sample(k)) for _ in range(concurrency)]
+    start = time.perf_counter()
+    done = await asyncio.gather(*(work.run(p, mode, max_tokens=output_len,
+                                           ignore_eos=True) for p in prompts))
+    elapsed = time.perf_counter() - start
+    return {"requests_per_s": concurrency / elapsed,
+            "output_tokens_per_s": sum(len(d.token_ids) for d in done) / elapsed,
+            "ttft_p50_ms": statistics.median(d.ttft_s for d in done) * 1000}
+
+
+def _stats(values: list[float]) -> tuple[float, float]:
+    ordered = sorted(values)
+    return statistics.median(ordered), ordered[round(0.9 * (len(ordered) - 1))]
+
+
+def run_synthetic(shape: str, ks: list[int], trials: int, concurrency: int, output_len: int,
+                  workdir: Path, **config: Any) -> dict[str, Any]:
+    """The whole synthetic report: capture rate, TTFT sweep, one-shot throughput."""
+    runtime = dummy_runtime(write_dummy_model(workdir / shape, shape), **config)
+    try:
+        vocab = int(SHAPES[shape]["vocab_size"])
+        work = SyntheticWorkload(runtime, vocab)
+
+        async def report() -> dict[str, Any]:
+            await work.capture(8)  # warm-up
+            count = max(200, max(ks) * 4, concurrency * 2)
+            seconds = await work.capture(count)
+            for mode in ("kv", "text"):  # warm-up of both paths
+                await work.run(work.prompt(work.sample(max(ks))), mode)
+            rows = await ttft_sweep(work, ks, trials)
+            k = min(50, max(ks))
+            rates = {mode: await throughput(work, concurrency, k, output_len, mode)
+                     for mode in ("text", "kv")}
+            return {"shape": shape, "capture_facts_per_s": count / seconds, "ttft": rows,
+                    "throughput": {"concurrency": concurrency, "k": k,
+                                   "output_len": output_len, **rates}}
+
+        return runtime.run(report())
+    finally:
+        runtime.close()
+
+
+def format_report(report: dict[str, Any]) -> str:
+    lines = [f"shape {report['shape']}: capture {report['capture_facts_per_s']:.0f} facts/s",
+             "| k | text TTFT median (p90) ms | KV TTFT median (p90) ms | KV / text |",
+             "|---|---|---|---|"]
+    for r in report["ttft"]:
+        lines.append(f"| {r['k']} | {r['text_median_ms']:.1f} ({r['text_p90_ms']:.1f}) | "
+                     f"{r['kv_median_ms']:.1f} ({r['kv_p90_ms']:.1f}) | "
+                     f"{r['kv_median_ms'] / r['text_median_ms']:.2f} |")
+    t = report["throughput"]
+    lines.append(f"throughput, {t['concurrency']} requests at once, k={t['k']}, "
+                 f"{t['output_len']} output tokens: text {t['text']['requests_per_s']:.1f} "
+                 f"req/s, kv {t['kv']['requests_per_s']:.1f} req/s")
+    return "\n".join(lines)

@@ -1,0 +1,155 @@
+"""API keys, each bound to the tenants (memory users) it may act for.
+
+Keys come from a JSON file or the ``INFERSCALE_API_KEYS`` environment variable, both a
+JSON object mapping each key to a list of tenants or to ``"*"`` (every tenant)::
+
+    {"sk-team-a": ["alice", "bob"], "sk-admin": "*"}
+
+Requests send ``Authorization: Bearer <key>``: no key or an unknown one is a 401, a tenant
+the key may not use is a 403. Without keys every request is allowed (the ``serve`` command
+then binds to localhost only).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from inferscale_memory.errors import ConfigError
+from inferscale_memory.server.errors import APIError
+
+ENV_VAR = "INFERSCALE_API_KEYS"
+USER_HEADER = "X-Memory-User"
+ALL = "*"
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who sent a request: the tenants it may use (``None``: any, auth disabled or ``*``)."""
+
+    tenants: frozenset[str] | None
+    authenticated: bool = True
+
+    def allows(self, tenant: str) -> bool:
+        """Whether this principal may read, write or chat as ``tenant``."""
+        return self.tenants is None or tenant in self.tenants
+
+    @property
+    def only_tenant(self) -> str | None:
+        """The single tenant of a key bound to exactly one, else ``None``."""
+        if self.tenants is not None and len(self.tenants) == 1:
+            return next(iter(self.tenants))
+        return None
+
+
+ANONYMOUS = Principal(None, authenticated=False)
+
+
+class ApiKeys:
+    """Key -> allowed tenants. Keys are kept as SHA-256 digests, never compared as text.
+
+    Args:
+        mapping: Key -> list of tenants, or ``"*"`` for every tenant.
+
+    Raises:
+        ConfigError: An empty key or a value that is neither ``"*"`` nor a list of
+            non-empty strings.
+    """
+
+    def __init__(self, mapping: Mapping[str, Any]) -> None:
+        if not isinstance(mapping, Mapping):
+            raise ConfigError("API keys must be a JSON object mapping key -> tenants or \"*\"")
+        self._keys: dict[bytes, Principal] = {}
+        for key, tenants in mapping.items():
+            if not isinstance(key, str) or not key.strip():
+                raise ConfigError("an API key must be a non-empty string")
+            self._keys[_digest(key)] = Principal(_tenants(tenants))
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def authenticate(self, authorization: str | None) -> Principal:
+        """The principal of an ``Authorization`` header value.
+
+        Raises:
+            APIError: 401 when the header is missing, not a Bearer token, or unknown.
+        """
+        if not authorization:
+            raise APIError(401, "missing API key: send 'Authorization: Bearer <key>'",
+                           code="invalid_api_key")
+        scheme, _, token = authorization.strip().partition(" ")
+        principal = self._keys.get(_digest(token.strip())) if scheme.lower() == "bearer" else None
+        if principal is None:
+            raise APIError(401, "invalid API key", code="invalid_api_key")
+        return principal
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str] | None = None) -> ApiKeys | None:
+        """Keys from the JSON file ``path``, else from ``$INFERSCALE_API_KEYS``, else ``None``.
+
+        Raises:
+            ConfigError: The file is missing or either source is not valid JSON keys.
+        """
+        if path is not None:
+            try:
+                text = Path(path).read_text()
+            except OSError as exc:
+                raise ConfigError(f"cannot read the API key file {path}: {exc}") from exc
+            source = str(path)
+        elif os.environ.get(ENV_VAR):
+            text, source = os.environ[ENV_VAR], f"${ENV_VAR}"
+        else:
+            return None
+        try:
+            mapping = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"the API keys in {source} are not valid JSON: {exc}") from exc
+        keys = cls(mapping)
+        if not keys:
+            raise ConfigError(f"{source} holds no API keys")
+        return keys
+
+
+def resolve_tenant(principal: Principal, explicit: str | None, header: str | None) -> str | None:
+    """The tenant of a request, checked against what the principal may use.
+
+    Args:
+        principal: The request's principal.
+        explicit: The tenant named in the body or query (``user`` / ``user_id``).
+        header: The ``X-Memory-User`` header.
+
+    Returns:
+        The tenant; ``None`` when none is named and the key is not bound to exactly one.
+
+    Raises:
+        APIError: 400 when body and header disagree, 403 when the key may not use it.
+    """
+    if explicit is not None and header is not None and explicit != header:
+        raise APIError(400, f"the request names user {explicit!r} but the {USER_HEADER} "
+                       f"header names {header!r}", param="user", code="user_mismatch")
+    tenant = explicit if explicit is not None else header
+    if tenant is None:
+        return principal.only_tenant
+    if not principal.allows(tenant):
+        raise APIError(403, f"this API key may not act for user {tenant!r}",
+                       param="user", code="tenant_forbidden")
+    return tenant
+
+
+def _tenants(value: Any) -> frozenset[str] | None:
+    if value == ALL:
+        return None
+    if (not isinstance(value, list) or not value
+            or not all(isinstance(t, str) and t for t in value)):
+        raise ConfigError("the tenants of an API key must be \"*\" or a non-empty list of "
+                          "non-empty strings")
+    return frozenset(value)
+
+
+def _digest(key: str) -> bytes:
+    return hashlib.sha256(key.encode("utf-8", "surrogatepass")).digest()

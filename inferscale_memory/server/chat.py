@@ -1,0 +1,185 @@
+"""``POST /v1/chat/completions``: OpenAI-compatible answers with the tenant's memory.
+
+Handlers run on the engine's event loop and await :meth:`MemoryEngine.astream_chat`
+directly. A streamed answer's first piece is awaited before the response starts, so
+request errors (bad messages, context too long) still get a proper status code.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import StreamingResponse
+
+from inferscale_memory.results import ChatChunk, ChatResult
+from inferscale_memory.server.context import ServerContext, context, in_thread, tenant
+from inferscale_memory.server.errors import APIError, ErrorResponseDoc, sse_error
+from inferscale_memory.server.schemas import (
+    AssistantMessage,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    Choice,
+    ChoiceLogprobs,
+    ChunkChoice,
+    ChunkDelta,
+    MemoryOptions,
+    MemoryReport,
+    PromptTokensDetails,
+    TokenLogprob,
+    TopLogprob,
+    Usage,
+)
+
+logger = logging.getLogger(__name__)
+router = APIRouter(tags=["chat"])
+
+
+@router.post("/v1/chat/completions", response_model=ChatCompletion,
+             responses={**ErrorResponseDoc, 200: {
+                 "content": {"text/event-stream": {}},
+                 "description": "The answer; with stream=true, chat.completion.chunk events"}})
+async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
+    """Answer a conversation, with the ``user``'s facts injected as KV (``memory.mode``)."""
+    ctx = context(request)
+    ctx.check_model(body.model)
+    call = await _Call.prepare(ctx, body, tenant(request, body.user, required=False))
+    if body.stream:
+        return await call.stream(body)
+    result = await ctx.engine.achat(call.messages, **call.kwargs)
+    call.observe(result)
+    return ChatCompletion(
+        id=call.id, created=call.created, model=ctx.model_name,
+        choices=[Choice(message=AssistantMessage(content=result.text),
+                        finish_reason=result.finish_reason,
+                        logprobs=call.logprobs(result))],
+        usage=_usage(result), memory=call.report(result))
+
+
+class _Call:
+    """One chat request turned into engine arguments."""
+
+    def __init__(self, ctx: ServerContext, body: ChatCompletionRequest, user: str | None,
+                 memory_user: str | None) -> None:
+        options = body.memory or MemoryOptions(k=None)
+        self.ctx = ctx
+        self.id = f"chatcmpl-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+        self.user = user
+        self.mode = options.mode if user is not None else "off"
+        self.k = options.k
+        self.top_logprobs = (body.top_logprobs or 0) if body.logprobs else None
+        self.messages = [{"role": "system" if m.role == "developer" else m.role,
+                          "content": m.text()} for m in body.messages]
+        kwargs: dict[str, Any] = {
+            "user_id": memory_user, "k": options.k,
+            "mode": "text" if self.mode == "off" else self.mode,
+            "max_tokens": body.max_completion_tokens or body.max_tokens,
+            "stop": body.stop_list(), "seed": body.seed,
+            "logprobs": max(1, self.top_logprobs) if self.top_logprobs is not None else None,
+        }
+        if body.temperature is not None:
+            kwargs["temperature"] = body.temperature
+        self.kwargs = {key: value for key, value in kwargs.items()
+                       if value is not None or key == "user_id"}
+
+    @classmethod
+    async def prepare(cls, ctx: ServerContext, body: ChatCompletionRequest,
+                      user: str | None) -> _Call:
+        if body.tools or body.functions:
+            raise APIError(400, "tools and functions are not supported by this server",
+                           param="tools", code="unsupported_parameter")
+        if body.stream and body.logprobs:
+            raise APIError(400, "logprobs are only supported without stream",
+                           param="logprobs", code="unsupported_parameter")
+        off = body.memory is not None and body.memory.mode == "off"
+        memory_user = None
+        if user is not None and not off and await in_thread(ctx.engine.store.has_user, user):
+            memory_user = user  # a user without facts is answered without memory
+        return cls(ctx, body, user, memory_user)
+
+    def observe(self, result: ChatResult) -> None:
+        self.ctx.metrics.observe_chat(result.metrics, self.mode)
+
+    def report(self, result: ChatResult) -> MemoryReport:
+        m = result.metrics
+        return MemoryReport(user=self.user, mode=self.mode, k=self.k if self.user else None,
+                            fact_ids=m.fact_ids, recomputed_fact_ids=m.recomputed_fact_ids,
+                            ttft_ms=round(m.ttft_ms, 3), retrieval_ms=round(m.retrieval_ms, 3))
+
+    def logprobs(self, result: ChatResult) -> ChoiceLogprobs | None:
+        if self.top_logprobs is None or result.logprobs is None:
+            return None
+        tokenizer = self.ctx.engine.tokenizer
+        content = []
+        for token_id, step in zip(result.token_ids, result.logprobs, strict=False):
+            ranked = sorted(step.items(), key=lambda item: -item[1])[:self.top_logprobs]
+            tops = [_top(tokenizer, tid, lp) for tid, lp in ranked]
+            chosen = _top(tokenizer, token_id, step.get(token_id, float("-inf")))
+            content.append(TokenLogprob(**chosen.model_dump(), top_logprobs=tops))
+        return ChoiceLogprobs(content=content)
+
+    async def stream(self, body: ChatCompletionRequest) -> StreamingResponse:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        pieces = self.ctx.engine.astream_chat(self.messages, **self.kwargs)
+        try:
+            first = await pieces.__anext__()  # request errors surface here, as a status
+        except StopAsyncIteration as exc:
+            raise APIError(500, "the engine returned no answer", type="server_error") from exc
+        return StreamingResponse(self._events(first, pieces, include_usage),
+                                 media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache",
+                                          "X-Accel-Buffering": "no"})
+
+    async def _events(self, first: ChatChunk, pieces: AsyncIterator[ChatChunk],
+                      include_usage: bool) -> AsyncIterator[bytes]:
+        try:
+            yield self._chunk([ChunkChoice(delta=ChunkDelta(role="assistant", content=""))])
+            chunk: ChatChunk | None = first
+            while chunk is not None:
+                if chunk.text:
+                    yield self._chunk([ChunkChoice(delta=ChunkDelta(content=chunk.text))])
+                if chunk.result is not None:
+                    for event in self._finish(chunk.result, include_usage):
+                        yield event
+                chunk = await anext(pieces, None)  # type: ignore[call-overload]
+            yield b"data: [DONE]\n\n"
+        except Exception as exc:  # headers are sent: report in-band
+            logger.exception("streamed answer %s failed", self.id)
+            yield sse_error(exc)
+        finally:
+            await pieces.aclose()  # type: ignore[attr-defined]
+
+    def _finish(self, result: ChatResult, include_usage: bool) -> list[bytes]:
+        """The finishing chunk (finish reason, memory report) and the usage chunk."""
+        self.observe(result)
+        events = [self._chunk([ChunkChoice(delta=ChunkDelta(), finish_reason=result.finish_reason)],
+                              memory=self.report(result))]
+        if include_usage:
+            events.append(self._chunk([], usage=_usage(result)))
+        return events
+
+    def _chunk(self, choices: list[ChunkChoice], **extra: Any) -> bytes:
+        chunk = ChatCompletionChunk(id=self.id, created=self.created,
+                                    model=self.ctx.model_name, choices=choices, **extra)
+        skip = {"memory"} if chunk.memory is None else None
+        return f"data: {chunk.model_dump_json(exclude=skip)}\n\n".encode()
+
+
+def _usage(result: ChatResult) -> Usage:
+    m = result.metrics
+    return Usage(prompt_tokens=m.prompt_tokens, completion_tokens=m.output_tokens,
+                 total_tokens=m.prompt_tokens + m.output_tokens,
+                 injected_tokens=m.injected_tokens, computed_prompt_tokens=m.computed_tokens,
+                 prompt_tokens_details=PromptTokensDetails(cached_tokens=m.cached_tokens))
+
+
+def _top(tokenizer: Any, token_id: int, logprob: float) -> TopLogprob:
+    text = tokenizer.decode([token_id])
+    return TopLogprob(token=text, logprob=max(logprob, -9999.0),
+                      bytes=list(text.encode("utf-8")))

@@ -1,0 +1,150 @@
+"""Errors in OpenAI's format: ``{"error": {"message", "type", "param", "code"}}``.
+
+Every failure of the server, from a malformed body to a library error, leaves as one of
+these with a proper status code; :func:`install_handlers` registers the mapping on the app.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from inferscale_memory.errors import (
+    ContextLengthError,
+    EngineError,
+    FactNotFoundError,
+    InferScaleError,
+    InvalidInputError,
+    StoreError,
+    UnknownUserError,
+)
+from inferscale_memory.server.schemas import ErrorResponse
+
+logger = logging.getLogger(__name__)
+
+# Library errors, most specific first: (type, status, OpenAI error type, code).
+LIBRARY_ERRORS: list[tuple[type[Exception], int, str, str | None]] = [
+    (ContextLengthError, 400, "invalid_request_error", "context_length_exceeded"),
+    (InvalidInputError, 400, "invalid_request_error", "invalid_value"),
+    (UnknownUserError, 404, "not_found_error", "user_not_found"),
+    (FactNotFoundError, 404, "not_found_error", "memory_not_found"),
+    (StoreError, 503, "server_error", "store_unavailable"),
+    (EngineError, 503, "server_error", "engine_unavailable"),
+    (InferScaleError, 500, "server_error", None),
+]
+# OpenAPI documentation of the error responses every /v1 endpoint may give.
+ErrorResponseDoc: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorResponse, "description": text} for status, text in (
+        (400, "Invalid request"), (401, "Missing or invalid API key"),
+        (403, "The key may not act for this user"), (404, "Not found"),
+        (413, "Body too large"))}
+HTTP_TYPES = {400: "invalid_request_error", 401: "authentication_error",
+              403: "permission_error", 404: "not_found_error", 413: "invalid_request_error"}
+
+
+class APIError(Exception):
+    """An error the server answers with directly.
+
+    Args:
+        status: HTTP status code.
+        message: What went wrong and what to do.
+        type: OpenAI error type (``invalid_request_error``, ``authentication_error``, ...).
+        param: The request parameter at fault, if any.
+        code: A machine-readable code (``model_not_found``, ``invalid_api_key``, ...).
+    """
+
+    def __init__(self, status: int, message: str, *, type: str | None = None,
+                 param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type or HTTP_TYPES.get(status, "invalid_request_error")
+        self.param = param
+        self.code = code
+
+    def body(self) -> dict[str, Any]:
+        """The JSON body of the error."""
+        return error_body(self.message, self.type, self.param, self.code)
+
+    def response(self) -> JSONResponse:
+        """The error as a response."""
+        headers = {"WWW-Authenticate": "Bearer"} if self.status == 401 else None
+        return JSONResponse(self.body(), status_code=self.status, headers=headers)
+
+
+def error_body(message: str, type: str, param: str | None = None,
+               code: str | None = None) -> dict[str, Any]:
+    """An OpenAI-style error body."""
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+def from_exception(exc: BaseException) -> APIError:
+    """Map any exception to an :class:`APIError` (unknown ones become a bare 500)."""
+    if isinstance(exc, APIError):
+        return exc
+    for kind, status, type_, code in LIBRARY_ERRORS:
+        if isinstance(exc, kind):
+            return APIError(status, str(exc) or kind.__name__, type=type_, code=code)
+    if type(exc).__name__ == "EngineDeadError":  # vLLM's engine core died
+        return APIError(503, "the engine is not running", type="server_error",
+                        code="engine_unavailable")
+    return APIError(500, "internal server error", type="server_error", code="internal_error")
+
+
+def sse_error(exc: BaseException) -> bytes:
+    """An error as a server-sent event (for failures after a stream has started)."""
+    return f"data: {json.dumps(from_exception(exc).body())}\n\n".encode()
+
+
+def _validation_error(exc: RequestValidationError) -> APIError:
+    errors = exc.errors()
+    first = errors[0] if errors else {}
+    if first.get("type") == "json_invalid":
+        reason = (first.get("ctx") or {}).get("error", "malformed JSON")
+        return APIError(400, f"the request body is not valid JSON: {reason}",
+                        code="invalid_json")
+    loc = [str(part) for part in first.get("loc", ()) if part not in ("body", "query", "path")]
+    param = ".".join(loc) or None
+    message = first.get("msg", "invalid request")
+    if param:
+        message = f"{param}: {message}"
+    if len(errors) > 1:
+        message += f" (and {len(errors) - 1} more problem(s))"
+    return APIError(400, message, param=param, code="invalid_value")
+
+
+def install_handlers(app: FastAPI) -> None:
+    """Register the OpenAI-format handlers for every error on ``app``."""
+
+    @app.exception_handler(APIError)
+    async def api_error(request: Request, exc: APIError) -> JSONResponse:
+        return exc.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return _validation_error(exc).response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+        return APIError(exc.status_code, str(exc.detail), code=code).response()
+
+    @app.exception_handler(InferScaleError)
+    async def library_error(request: Request, exc: InferScaleError) -> JSONResponse:
+        error = from_exception(exc)
+        if error.status >= 500:
+            logger.error("%s %s failed: %s", request.method, request.url.path, exc)
+        return error.response()
+
+    @app.exception_handler(Exception)
+    async def unexpected_error(request: Request, exc: Exception) -> JSONResponse:
+        error = from_exception(exc)
+        if error.status >= 500:
+            logger.exception("%s %s failed", request.method, request.url.path)
+        return error.response()

@@ -1,0 +1,128 @@
+"""Prometheus metrics of the server, in a registry of its own (one per app).
+
+Chat answers feed the TTFT histogram (by mode), token counters and the recompute
+fallbacks; :class:`~inferscale_memory.server.middleware.RequestCounter` counts requests by
+route, method and status; the store's fact
+count and an estimate of the engine's fact KV pool are refreshed when ``/metrics`` is
+scraped (at most every ``refresh_s`` seconds: it walks the store in a worker thread).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from inferscale_memory.results import ChatMetrics
+
+if TYPE_CHECKING:
+    from inferscale_memory.engine import MemoryEngine
+
+logger = logging.getLogger(__name__)
+TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
+                10.0, 30.0)
+
+
+class ServerMetrics:
+    """The server's metrics.
+
+    Args:
+        engine: The engine whose store and model the gauges describe.
+        refresh_s: Shortest time between two walks of the store.
+    """
+
+    def __init__(self, engine: MemoryEngine, refresh_s: float = 15.0) -> None:
+        self._engine = engine
+        self._refresh_s = refresh_s
+        self._refreshed = float("-inf")
+        self._bytes_per_token = _kv_bytes_per_token(engine)
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.ttft = Histogram("inferscale_chat_ttft_seconds",
+                              "Time to first token of chat answers (retrieval included)",
+                              ["mode"], buckets=TTFT_BUCKETS, registry=r)
+        self.answers = Counter("inferscale_chat_answers", "Chat answers by memory mode",
+                               ["mode"], registry=r)
+        self.prompt_tokens = Counter("inferscale_chat_prompt_tokens",
+                                     "Prompt tokens of chat answers", registry=r)
+        self.injected_tokens = Counter("inferscale_chat_injected_tokens",
+                                       "Prompt tokens whose KV was injected from memory",
+                                       registry=r)
+        self.computed_tokens = Counter("inferscale_chat_computed_prompt_tokens",
+                                       "Prompt tokens the engine computed", registry=r)
+        self.completion_tokens = Counter("inferscale_chat_completion_tokens",
+                                         "Generated tokens", registry=r)
+        self.recomputed_facts = Counter(
+            "inferscale_recomputed_facts",
+            "Facts named for injection whose KV was missing and were recomputed from text",
+            registry=r)
+        self.recompute_fallbacks = Counter(
+            "inferscale_recompute_fallbacks", "Chat answers that recomputed at least one fact",
+            registry=r)
+        self.memory_ops = Counter("inferscale_memory_operations",
+                                  "Memory API operations by kind", ["op"], registry=r)
+        self.requests = Counter("inferscale_http_requests", "HTTP requests by route and status",
+                                ["route", "method", "status"], registry=r)
+        self.facts = Gauge("inferscale_facts", "Facts in the store", registry=r)
+        self.users = Gauge("inferscale_fact_users", "Users that have stored facts", registry=r)
+        self.pool_bytes = Gauge(
+            "inferscale_kv_pool_bytes_estimate",
+            "Estimated bytes of fact KV held by the engine (stored facts' tokens x KV bytes "
+            "per token)", registry=r)
+
+    def observe_chat(self, metrics: ChatMetrics, mode: str) -> None:
+        """Record one finished chat answer (``mode``: kv, text or off)."""
+        if metrics.output_tokens:
+            self.ttft.labels(mode).observe(metrics.ttft_ms / 1000)
+        self.answers.labels(mode).inc()
+        self.prompt_tokens.inc(metrics.prompt_tokens)
+        self.injected_tokens.inc(metrics.injected_tokens)
+        self.computed_tokens.inc(metrics.computed_tokens)
+        self.completion_tokens.inc(metrics.output_tokens)
+        if metrics.recomputed_fact_ids:
+            self.recomputed_facts.inc(len(metrics.recomputed_fact_ids))
+            self.recompute_fallbacks.inc()
+
+    async def render(self) -> bytes:
+        """The metrics in Prometheus' text format (refreshing the store gauges if due)."""
+        if time.monotonic() - self._refreshed >= self._refresh_s:
+            self._refreshed = time.monotonic()
+            try:
+                await asyncio.get_running_loop().run_in_executor(None, self._refresh_store)
+            except Exception:  # a scrape must not fail because of the store
+                logger.exception("could not refresh the store metrics")
+        return generate_latest(self.registry)
+
+    def _refresh_store(self) -> None:
+        store, builder = self._engine.store, self._engine.builder
+        users = store.users()
+        facts = tokens = 0
+        for user in users:
+            for fact in store.list(user_id=user):
+                facts += 1
+                tokens += len(builder.fact_ids(fact.text))
+        self.facts.set(facts)
+        self.users.set(len(users))
+        header = len(builder.header_ids) if facts else 0
+        self.pool_bytes.set((tokens + header) * self._bytes_per_token)
+
+
+def _kv_bytes_per_token(engine: MemoryEngine) -> int:
+    """K and V bytes of one token over all layers, from the model's ``config.json``."""
+    try:
+        config = json.loads((engine.model_path / "config.json").read_text())
+        config = config.get("text_config", config)
+        layers = int(config["num_hidden_layers"])
+        heads = int(config.get("num_key_value_heads") or config["num_attention_heads"])
+        head_dim = int(config.get("head_dim")
+                       or config["hidden_size"] // config["num_attention_heads"])
+    except (OSError, KeyError, ValueError, TypeError, ZeroDivisionError):
+        return 0
+    dtype = str(engine.config.dtype if engine.config.dtype != "auto"
+                else config.get("dtype") or config.get("torch_dtype") or "bfloat16")
+    width = 4 if "32" in dtype else 2
+    return 2 * layers * heads * head_dim * width

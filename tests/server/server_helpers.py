@@ -1,0 +1,55 @@
+"""Helpers of the server tests: HTTP and OpenAI clients of a running server, checks."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import httpx
+
+if TYPE_CHECKING:
+    from openai import OpenAI
+
+    from inferscale_memory.server import ServerHandle
+
+TENANT_A, TENANT_B = "srv-tenant-a", "srv-tenant-b"
+KEYS = {"key-admin": "*", "key-a": [TENANT_A], "key-b": [TENANT_B]}
+TIMEOUT = 120.0
+
+
+def http(server: ServerHandle, key: str | None = "key-admin", **headers: str) -> httpx.Client:
+    """An HTTP client of the server's /v1 API with ``key`` as bearer token."""
+    if key is not None:
+        headers["Authorization"] = f"Bearer {key}"
+    return httpx.Client(base_url=f"{server.url}/v1", headers=headers, timeout=TIMEOUT)
+
+
+def openai_client(server: ServerHandle, key: str = "key-admin") -> OpenAI:
+    """The official client pointed at the server."""
+    from openai import OpenAI
+
+    return OpenAI(base_url=f"{server.url}/v1", api_key=key, max_retries=0, timeout=TIMEOUT)
+
+
+def add_facts(server: ServerHandle, user: str, text: str | list[str],
+              key: str = "key-admin") -> list[dict[str, Any]]:
+    """Add facts through the API; return the created memories."""
+    with http(server, key) as client:
+        response = client.post("/memories", json={"user_id": user, "text": text})
+    assert response.status_code == 201, response.text
+    data: list[dict[str, Any]] = response.json()["data"]
+    return data
+
+
+def ask(question: str) -> list[dict[str, str]]:
+    return [{"role": "user", "content": question}]
+
+
+def assert_openai_error(response: httpx.Response, status: int, code: str | None = None) -> None:
+    """``response`` is an OpenAI-format error with ``status`` (and ``code``)."""
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert isinstance(error["message"], str) and error["message"]
+    assert isinstance(error["type"], str) and error["type"]
+    if code is not None:
+        assert error["code"] == code, error
