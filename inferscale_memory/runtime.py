@@ -81,6 +81,9 @@ class VllmRuntime:
 
         check_vllm_version()
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.config.kv_cache_gb))
+        if _cuda_initialized():
+            # A forked engine process cannot use CUDA once this process touched it.
+            os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
         args = dict(
             model=str(self.model_path),
             max_model_len=self.max_model_len,
@@ -191,6 +194,12 @@ class VllmRuntime:
     def _stop_loop(self) -> None:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10)
+
+
+def _cuda_initialized() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_initialized())
 
 
 def _model_context(model_path: Path) -> int:
