@@ -45,6 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     synthetic.add_argument("--concurrency", type=int, default=64)
     synthetic.add_argument("--output-len", type=int, default=32)
     synthetic.add_argument("--workdir", type=Path, default=Path("runs"))
+    synthetic.add_argument("--gpu-memory-utilization", type=float, default=0.7,
+                           help="vLLM's share of GPU memory (the fact KV pool lives outside)")
     synthetic.add_argument("--out", type=Path, default=None, help="write the report as JSON")
     args = parser.parse_args(argv)
     if not args.verbose:
@@ -84,7 +86,8 @@ def _run(args: argparse.Namespace) -> int:
         from inferscale_memory.bench.synthetic import format_report, run_synthetic
 
         report = run_synthetic(args.shape, [int(k) for k in args.k.split(",")], args.trials,
-                               args.concurrency, args.output_len, args.workdir)
+                               args.concurrency, args.output_len, args.workdir,
+                               gpu_memory_utilization=args.gpu_memory_utilization)
         if args.out is not None:
             args.out.write_text(json.dumps(report, indent=2))
         print(format_report(report))

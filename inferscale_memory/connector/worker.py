@@ -19,6 +19,7 @@ from inferscale_memory.connector.plan import LoadOp, StepPlan
 from inferscale_memory.kv.layout import CacheLayout, flat_view, probe_layout
 from inferscale_memory.kv.pool import KVPool, PoolEntry
 from inferscale_memory.kv.rope import RotaryShift
+from inferscale_memory.kv.slab import KVSlab
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +42,7 @@ class WorkerSide:
         self._index: dict[str, int] = {}
         self._block_size = compat.cache_block_size(vllm_config)
         self._shift: RotaryShift | None = None
+        self._slab: KVSlab | None = None
         self._pending: dict[tuple[str, FactKey], list[torch.Tensor | None]] = {}
         self._load_errors: set[int] = set()
 
@@ -58,6 +60,8 @@ class WorkerSide:
                 probed[signature] = probe_layout(cache, write, self._block_size, heads, head_dim)
             self._layers.append(_Layer(name, flat_view(cache), probed[signature], write))
         self._index = {layer.name: i for i, layer in enumerate(self._layers)}
+        first = kv_caches[names[0]]
+        self._slab = KVSlab(len(names), heads, head_dim, first.dtype, first.device)
         self._shift = RotaryShift.from_rotary_module(compat.model_rotary_module(head_dim))
         logger.info("inferscale connector: %d layers, layouts probed: %d",
                     len(self._layers), len(probed))
@@ -68,19 +72,20 @@ class WorkerSide:
         """Write every load of this step into the paged cache, then apply evictions."""
         parts = [part for op in plan.loads for part in self._gather(op)]
         if parts:
-            keys = torch.cat([p[0] for p in parts], dim=1)
-            values = torch.cat([p[1] for p in parts], dim=1)
-            deltas = torch.cat([p[2] for p in parts])
-            slots = torch.cat([p[3] for p in parts])
-            assert self._shift is not None
-            keys = self._shift.shift(keys, deltas.to(keys.device))
-            slots = slots.to(keys.device)
+            assert self._shift is not None and self._slab is not None
+            device = self._slab.data.device
+            rows = torch.cat([p[0] for p in parts]).to(device)
+            deltas = torch.cat([p[1] for p in parts])
+            slots = torch.cat([p[2] for p in parts]).to(device)
+            rotation = self._shift.prepare(deltas, device)
             for i, layer in enumerate(self._layers):
-                layer.write(keys[i], values[i], slots)
+                keys, values = self._slab.gather(i, rows)
+                layer.write(self._shift.apply(keys, rotation), values, slots)
         for key in plan.evicts:
-            self.pool.evict(key)
+            self._drop(key)
 
     def _gather(self, op: LoadOp) -> list[tuple[torch.Tensor, ...]]:
+        """(slab rows, position deltas, cache slots) of each piece of one request."""
         parts = []
         for key, offset, length, position in op.pieces:
             entry = self.pool.get(key)
@@ -89,13 +94,18 @@ class WorkerSide:
                 logger.warning("fact %s missing from the KV pool; recomputing", key)
                 self._load_errors.update(self._blocks_of(op.block_ids, position, length))
                 continue
-            positions = torch.arange(position, position + length)
+            first = entry.offset + offset
             delta = position - (entry.start + offset)
-            parts.append((entry.keys[:, offset:offset + length],
-                          entry.values[:, offset:offset + length],
+            parts.append((torch.arange(first, first + length),
                           torch.full((length,), delta, dtype=torch.int64),
-                          self._slots(op.block_ids, positions)))
+                          self._slots(op.block_ids, torch.arange(position, position + length))))
         return parts
+
+    def _drop(self, key: FactKey) -> None:
+        entry = self.pool.get(key)
+        if entry is not None and self.pool.evict(key):
+            assert self._slab is not None
+            self._slab.free(entry.offset, entry.num_tokens)
 
     def take_load_errors(self) -> set[int]:
         errors, self._load_errors = self._load_errors, set()
@@ -127,7 +137,16 @@ class WorkerSide:
                     logger.warning("capture of %s incomplete; not stored", span.key)
                     continue
                 stacked = torch.stack(buffers, dim=1)  # [2, layers, n, heads, head_dim]
-                self.pool.put(span.key, PoolEntry(stacked[0], stacked[1], span.start))
+                self._store(span.key, stacked, span.start)
+
+    def _store(self, key: FactKey, kv: torch.Tensor, start: int) -> None:
+        assert self._slab is not None
+        self._drop(key)
+        num_tokens = int(kv.shape[2])
+        offset = self._slab.allocate(num_tokens)
+        self._slab.write(offset, kv[0], kv[1])
+        nbytes = num_tokens * self._slab.bytes_per_token
+        self.pool.put(key, PoolEntry(offset, num_tokens, start, nbytes))
 
     # -- helpers -----------------------------------------------------------------------
 

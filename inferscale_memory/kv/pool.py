@@ -1,6 +1,7 @@
-"""The worker-resident KV pool: each fact's K and V for every layer, on the engine device.
+"""The worker-resident KV pool: which facts are stored where, least recently used first.
 
-Keys are kept as captured (rotated at their capture positions, see :mod:`.rope`).
+The KV itself lives in a :class:`~inferscale_memory.kv.slab.KVSlab`; an entry names its
+rows. Keys are kept as captured (rotated at their capture positions, see :mod:`.rope`).
 """
 
 from __future__ import annotations
@@ -9,26 +10,17 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-import torch
-
 K = TypeVar("K")
 
 
 @dataclass(frozen=True)
 class PoolEntry:
-    """One fact's KV: ``keys``/``values`` are ``[layers, tokens, heads, head_dim]``."""
+    """Where one fact's KV lives: slab rows ``offset .. offset + num_tokens``."""
 
-    keys: torch.Tensor
-    values: torch.Tensor
+    offset: int  # first slab row
+    num_tokens: int
     start: int  # prompt position of the first token when it was captured
-
-    @property
-    def num_tokens(self) -> int:
-        return int(self.keys.shape[1])
-
-    @property
-    def nbytes(self) -> int:
-        return self.keys.nbytes + self.values.nbytes
+    nbytes: int  # K and V of all layers
 
 
 class KVPool(Generic[K]):

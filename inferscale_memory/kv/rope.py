@@ -48,23 +48,42 @@ class RotaryShift:
 
         Tokens whose delta is 0 come back bit-identical.
         """
-        if not bool((deltas != 0).any()):
+        return self.apply(keys, self.prepare(deltas, keys.device))
+
+    def prepare(self, deltas: torch.Tensor, device: torch.device) -> Rotation | None:
+        """The cos/sin of ``deltas``, computed once and applied to every layer."""
+        moved = deltas != 0
+        if not bool(moved.any()):
+            return None
+        angles = deltas.to(device, torch.float32)[:, None] * self.inv_freq.to(device)[None, :]
+        # [n, 1, rotary_dim / 2]: broadcast over heads
+        return Rotation(angles.cos()[:, None, :], angles.sin()[:, None, :], moved.to(device))
+
+    def apply(self, keys: torch.Tensor, rotation: Rotation | None) -> torch.Tensor:
+        """Rotate ``keys`` by a prepared rotation (``None``: nothing moves)."""
+        if rotation is None:
             return keys
-        angles = deltas.to(torch.float32)[:, None] * self.inv_freq.to(keys.device)[None, :]
-        cos = angles.cos()[:, None, :]  # [n, 1, rotary_dim / 2]: broadcast over heads
-        sin = angles.sin()[:, None, :]
         rot = keys[..., : self.rotary_dim].to(torch.float32)
         if self.is_neox_style:
             x1, x2 = rot.chunk(2, dim=-1)
         else:
             x1, x2 = rot[..., 0::2], rot[..., 1::2]
-        y1 = x1 * cos - x2 * sin
-        y2 = x2 * cos + x1 * sin
+        y1 = x1 * rotation.cos - x2 * rotation.sin
+        y2 = x2 * rotation.cos + x1 * rotation.sin
         if self.is_neox_style:
             rotated = torch.cat((y1, y2), dim=-1)
         else:
             rotated = torch.stack((y1, y2), dim=-1).flatten(-2)
         out = keys.clone()
-        moved = deltas != 0
+        moved = rotation.moved
         out[..., moved, :, : self.rotary_dim] = rotated[..., moved, :, :].to(keys.dtype)
         return out
+
+
+@dataclass(frozen=True)
+class Rotation:
+    """Per-token cos/sin of a shift, and which tokens move at all."""
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+    moved: torch.Tensor

@@ -72,7 +72,7 @@ class _Call:
         self.created = int(time.time())
         self.user = user
         self.mode = options.mode if user is not None else "off"
-        self.k = options.k
+        self.k = options.k or ctx.engine.config.k
         self.top_logprobs = (body.top_logprobs or 0) if body.logprobs else None
         self.messages = [{"role": "system" if m.role == "developer" else m.role,
                           "content": m.text()} for m in body.messages]
@@ -108,7 +108,8 @@ class _Call:
 
     def report(self, result: ChatResult) -> MemoryReport:
         m = result.metrics
-        return MemoryReport(user=self.user, mode=self.mode, k=self.k if self.user else None,
+        k = None if self.mode == "off" else self.k
+        return MemoryReport(user=self.user, mode=self.mode, k=k,
                             fact_ids=m.fact_ids, recomputed_fact_ids=m.recomputed_fact_ids,
                             ttft_ms=round(m.ttft_ms, 3), retrieval_ms=round(m.retrieval_ms, 3))
 

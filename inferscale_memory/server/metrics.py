@@ -92,23 +92,30 @@ class ServerMetrics:
         if time.monotonic() - self._refreshed >= self._refresh_s:
             self._refreshed = time.monotonic()
             try:
-                await asyncio.get_running_loop().run_in_executor(None, self._refresh_store)
+                await self._refresh_store()
             except Exception:  # a scrape must not fail because of the store
                 logger.exception("could not refresh the store metrics")
         return generate_latest(self.registry)
 
-    def _refresh_store(self) -> None:
-        store, builder = self._engine.store, self._engine.builder
-        users = store.users()
-        facts = tokens = 0
-        for user in users:
-            for fact in store.list(user_id=user):
-                facts += 1
-                tokens += len(builder.fact_ids(fact.text))
-        self.facts.set(facts)
-        self.users.set(len(users))
-        header = len(builder.header_ids) if facts else 0
+    async def _refresh_store(self) -> None:
+        loop = asyncio.get_running_loop()
+        users, texts = await loop.run_in_executor(None, self._fact_texts)
+        builder = self._engine.builder
+        tokens = 0
+        # Tokenized here, on the engine loop, in slices: the tokenizer is not thread-safe,
+        # and the prompt builder's cache makes known facts free.
+        for i in range(0, len(texts), 256):
+            tokens += sum(len(builder.fact_ids(text)) for text in texts[i:i + 256])
+            await asyncio.sleep(0)
+        self.facts.set(len(texts))
+        self.users.set(users)
+        header = len(builder.header_ids) if texts else 0
         self.pool_bytes.set((tokens + header) * self._bytes_per_token)
+
+    def _fact_texts(self) -> tuple[int, list[str]]:
+        store = self._engine.store
+        users = store.users()
+        return len(users), [fact.text for user in users for fact in store.list(user_id=user)]
 
 
 def _kv_bytes_per_token(engine: MemoryEngine) -> int:

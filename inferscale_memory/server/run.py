@@ -164,7 +164,11 @@ def serve(model: str | None = None, host: str | None = None, port: int = 8000,
             for sig in (signal.SIGINT, signal.SIGTERM):
                 signal.signal(sig, on_signal)
         handle.wait()
-        logger.info("server stopped; shutting the engine down")
+        logger.info("server stopped; finishing background recaptures, then the engine")
+        try:
+            engine.wait_for_background(timeout=30)
+        except Exception:  # the facts are durable; missing KV is recomputed on next use
+            logger.exception("background recaptures did not finish")
     finally:
         engine.close()
 

@@ -13,8 +13,8 @@ LAYERS, HEADS, HEAD = 3, 2, 8
 
 def entry(tokens: int, start: int = 0, dtype: torch.dtype = torch.bfloat16,
           fill: float = 1.0) -> PoolEntry:
-    keys = torch.full((LAYERS, tokens, HEADS, HEAD), fill, dtype=dtype)
-    return PoolEntry(keys, keys * 2, start)
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    return PoolEntry(int(fill), tokens, start, 2 * LAYERS * tokens * HEADS * HEAD * itemsize)
 
 
 def order(pool: KVPool[FactKey]) -> list[FactKey]:
@@ -40,7 +40,7 @@ def test_put_get_and_contains() -> None:
     pool.put(b, eb)
     assert len(pool) == 2
     assert a in pool and b in pool and FactKey("bob", "a") not in pool
-    assert pool.get(a) is ea and pool.get(b) is eb
+    assert pool.get(a) == ea and pool.get(b) == eb
     assert pool.nbytes == ea.nbytes + eb.nbytes
 
 
@@ -51,7 +51,7 @@ def test_put_replaces_and_recounts_bytes() -> None:
     new = entry(3, start=5, fill=7.0)
     pool.put(a, new)
     assert len(pool) == 1
-    assert pool.get(a) is new
+    assert pool.get(a) == new
     assert pool.nbytes == new.nbytes
 
 
@@ -105,3 +105,19 @@ def test_nbytes_matches_the_entries_after_random_operations(seed: int) -> None:
             assert pool.evict(key) is (model.pop(key, None) is not None)
         assert len(pool) == len(model)
         assert pool.nbytes == sum(e.nbytes for e in model.values())
+
+
+def test_slab_rows_are_reused_and_grow_keeps_data() -> None:
+    from inferscale_memory.kv.slab import KVSlab
+
+    slab = KVSlab(LAYERS, HEADS, HEAD, torch.float32, "cpu", capacity=8)
+    first = slab.allocate(5)
+    kv = torch.randn(2, LAYERS, 5, HEADS, HEAD)
+    slab.write(first, kv[0], kv[1])
+    second = slab.allocate(6)  # does not fit: the slab doubles, old rows survive
+    assert slab.capacity >= 11 and second >= 5
+    keys, values = slab.gather(1, torch.arange(first, first + 5))
+    assert torch.equal(keys, kv[0, 1]) and torch.equal(values, kv[1, 1])
+    slab.free(first, 5)
+    assert slab.allocate(5) == first  # freed rows are handed out again
+    assert slab.bytes_per_token == 2 * LAYERS * HEADS * HEAD * 4
