@@ -113,6 +113,14 @@ class MemoryStore:
             )
         return user_id
 
+    @classmethod
+    def _owned(cls, tx: Any, fact_id: str, user_id: str) -> Fact:
+        """The fact, if it exists and belongs to ``user_id``; else FactNotFoundError."""
+        fact = tx.get(fact_id)
+        if fact is None or fact.user_id != user_id:
+            raise cls._not_found(fact_id, user_id)
+        return fact
+
     @staticmethod
     def _not_found(fact_id: str, user_id: str) -> FactNotFoundError:
         # One message whether the id is unknown or another user's: never reveal a tenant.
@@ -208,9 +216,7 @@ class MemoryStore:
         with self._lock:
             self._open()
             with self._db.transaction() as tx:
-                old = tx.get(fact_id)
-                if old is None or old.user_id != user_id:
-                    raise self._not_found(fact_id, user_id)
+                old = self._owned(tx, fact_id, user_id)
                 new_meta = old.metadata if meta is None else meta
                 new = Fact(fact_id, user_id, text, new_meta, old.created_at, self._now())
                 tx.update(old, new, vector[0])
@@ -224,9 +230,7 @@ class MemoryStore:
         with self._lock:
             self._open()
             with self._db.transaction() as tx:
-                old = tx.get(fact_id)
-                if old is None or old.user_id != user_id:
-                    raise self._not_found(fact_id, user_id)
+                old = self._owned(tx, fact_id, user_id)
                 tx.delete(old, self._now())
             self._apply_to_index(user_id, lambda: self._index.remove(user_id, [fact_id]))
         return old
