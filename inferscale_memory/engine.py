@@ -60,6 +60,7 @@ class MemoryEngine:
                                           default_embedder(config.embedder))
         self.runtime = VllmRuntime(self.model_path, config)
         self.memory = EngineMemory(self, self.store)
+        self.runtime.run(self.memory.capture_header())
         self._background: set[asyncio.Future[Any]] = set()
         self._lock = threading.Lock()
 

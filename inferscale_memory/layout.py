@@ -31,6 +31,11 @@ PREAMBLE = (
 POSTAMBLE = "Use the facts when they help to answer."
 SENTINEL = "\u2063INFERSCALE_MEMORY\u2063"
 LAYOUT_VERSION = "1"
+# Capture prompts are padded to at least this many tokens: vLLM's CPU GEMMs pick their
+# kernel by the number of tokens in a step, and a short prompt's KV then differs in the
+# last bits from the same tokens inside a normal-sized prompt. Padding after the captured
+# span cannot change its KV (attention is causal).
+MIN_CAPTURE_TOKENS = 64
 ROLES = {"system", "user", "assistant"}
 
 
@@ -84,11 +89,16 @@ class PromptBuilder:
         token_ids.extend(self._encode(footer_text))
         return PromptLayout(token_ids, len(self.header_ids), spans, self.layout_id)
 
-    def capture_prompt(self, text: str) -> tuple[list[int], int, int]:
-        """The prompt that captures one fact: header + fact; returns (ids, start, end)."""
-        ids = self.fact_ids(text)
+    def capture_prompt(self, text: str | None) -> tuple[list[int], int, int]:
+        """The prompt that captures one fact (``None``: only the header).
+
+        Returns ``(ids, start, end)``: header + fact + padding, and the fact's span.
+        """
+        ids = self.fact_ids(text) if text is not None else ()
         start = len(self.header_ids)
-        return list(self.header_ids) + list(ids), start, start + len(ids)
+        prompt = list(self.header_ids) + list(ids)
+        padding = self._encode("\n")[:1] * max(1, MIN_CAPTURE_TOKENS - len(prompt))
+        return prompt + padding, start, start + len(ids)
 
     def _fact_ids(self, text: str) -> tuple[int, ...]:
         return tuple(self._encode(f"- {text.strip()}\n"))

@@ -16,6 +16,8 @@ from inferscale_memory.connector.params import MAX_SPANS, FactKey, RequestParams
 from inferscale_memory.errors import InvalidInputError
 from inferscale_memory.store import Fact, MemoryStore, ScoredFact
 
+HEADER_TENANT = "inferscale"  # owner of capture requests for the shared header
+
 if TYPE_CHECKING:
     from inferscale_memory.engine import MemoryEngine
 
@@ -114,6 +116,17 @@ class EngineMemory:
     async def capture(self, user_id: str, facts: Sequence[Fact]) -> None:
         """Have the engine compute and keep the KV of ``facts`` (concurrently)."""
         await asyncio.gather(*(self._capture_one(user_id, fact) for fact in facts))
+
+    async def capture_header(self) -> None:
+        """Capture the shared prompt header on its own.
+
+        Done once at start, before any fact: every prompt holds the header.
+        """
+        builder = self._engine.builder
+        token_ids, header_end, _ = builder.capture_prompt(None)
+        params = RequestParams(HEADER_TENANT, builder.layout_id, capture=(
+            Span(FactKey("", builder.header_name), 0, header_end),))
+        await self._engine.runtime.control(token_ids, params)
 
     async def _capture_one(self, user_id: str, fact: Fact) -> None:
         builder = self._engine.builder
