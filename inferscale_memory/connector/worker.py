@@ -77,10 +77,10 @@ class WorkerSide:
             rows = torch.cat([p[0] for p in parts]).to(device)
             deltas = torch.cat([p[1] for p in parts])
             slots = torch.cat([p[2] for p in parts]).to(device)
-            rotation = self._shift.prepare(deltas, device)
+            keys, values = self._slab.gather(rows)  # [layers, n, heads, head_dim]
+            keys = self._shift.apply(keys, self._shift.prepare(deltas, device))
             for i, layer in enumerate(self._layers):
-                keys, values = self._slab.gather(i, rows)
-                layer.write(self._shift.apply(keys, rotation), values, slots)
+                layer.write(keys[i], values[i], slots)
         for key in plan.evicts:
             self._drop(key)
 

@@ -1,12 +1,15 @@
 """Contiguous device storage for the KV of every captured fact.
 
-One tensor ``[2, layers, capacity, heads, head_dim]`` (K then V) holds all facts, so the
-loads of a whole engine step are one index per step and one gather per layer, whatever
-the number of requests and facts. Token rows are handed out first-fit from a free list;
-the slab doubles when it is full.
+One tensor ``[capacity, layers, 2, heads, head_dim]`` (token rows first; K then V) holds
+all facts, so the loads of a whole engine step are one gather of the rows they need,
+whatever the number of requests, facts and layers. A gather reads only those rows: its
+cost does not grow with the number of facts stored. Token rows are handed out first-fit
+from a free list; the slab doubles when it is full.
 """
 
 from __future__ import annotations
+
+import bisect
 
 import torch
 
@@ -16,17 +19,21 @@ class KVSlab:
 
     def __init__(self, layers: int, heads: int, head_dim: int, dtype: torch.dtype,
                  device: torch.device | str, capacity: int = 4096) -> None:
-        self.data = torch.zeros((2, layers, capacity, heads, head_dim), dtype=dtype,
+        self.data = torch.zeros((capacity, layers, 2, heads, head_dim), dtype=dtype,
                                 device=device)
         self._free: list[tuple[int, int]] = [(0, capacity)]  # (offset, length), sorted
 
     @property
     def capacity(self) -> int:
-        return int(self.data.shape[2])
+        return int(self.data.shape[0])
 
     @property
     def bytes_per_token(self) -> int:
-        return self.data[:, :, :1].nbytes
+        return self.data[:1].nbytes
+
+    @property
+    def free_rows(self) -> int:
+        return sum(length for _, length in self._free)
 
     def allocate(self, num_tokens: int) -> int:
         """Reserve ``num_tokens`` consecutive rows; returns the first one."""
@@ -39,34 +46,33 @@ class KVSlab:
         return self.allocate(num_tokens)
 
     def free(self, offset: int, num_tokens: int) -> None:
-        """Give rows back (adjacent free ranges are merged)."""
-        self._free.append((offset, num_tokens))
-        self._free.sort()
-        merged: list[tuple[int, int]] = []
-        for start, length in self._free:
-            if merged and merged[-1][0] + merged[-1][1] == start:
-                merged[-1] = (merged[-1][0], merged[-1][1] + length)
-            else:
-                merged.append((start, length))
-        self._free = merged
+        """Give rows back (merged with the free ranges next to them)."""
+        i = bisect.bisect(self._free, (offset, num_tokens))
+        start, end = offset, offset + num_tokens
+        if i < len(self._free) and self._free[i][0] == end:
+            end += self._free.pop(i)[1]
+        if i > 0 and sum(self._free[i - 1]) == start:
+            i -= 1
+            start = self._free.pop(i)[0]
+        self._free.insert(i, (start, end - start))
 
     def write(self, offset: int, keys: torch.Tensor, values: torch.Tensor) -> None:
         """Store ``[layers, n, heads, head_dim]`` K and V at rows ``offset..offset+n``."""
         n = keys.shape[1]
-        self.data[0, :, offset:offset + n] = keys
-        self.data[1, :, offset:offset + n] = values
+        rows = self.data[offset:offset + n]
+        rows[:, :, 0] = keys.transpose(0, 1)
+        rows[:, :, 1] = values.transpose(0, 1)
 
-    def gather(self, layer: int, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """K and V ``[n, heads, head_dim]`` of ``rows`` in one layer."""
-        both = self.data[:, layer].index_select(1, rows)
+    def gather(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V ``[layers, n, heads, head_dim]`` of ``rows`` (contiguous per layer)."""
+        picked = self.data.index_select(0, rows)  # [n, layers, 2, heads, head_dim]
+        both = picked.permute(2, 1, 0, 3, 4).contiguous()
         return both[0], both[1]
 
     def _grow(self, at_least: int) -> None:
         old = self.capacity
         new = max(2 * old, old + at_least)
-        shape = list(self.data.shape)
-        shape[2] = new
-        grown = torch.zeros(shape, dtype=self.data.dtype, device=self.data.device)
-        grown[:, :, :old] = self.data
+        grown = self.data.new_zeros((new, *self.data.shape[1:]))
+        grown[:old] = self.data
         self.data = grown
         self.free(old, new - old)

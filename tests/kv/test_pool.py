@@ -106,18 +106,3 @@ def test_nbytes_matches_the_entries_after_random_operations(seed: int) -> None:
         assert len(pool) == len(model)
         assert pool.nbytes == sum(e.nbytes for e in model.values())
 
-
-def test_slab_rows_are_reused_and_grow_keeps_data() -> None:
-    from inferscale_memory.kv.slab import KVSlab
-
-    slab = KVSlab(LAYERS, HEADS, HEAD, torch.float32, "cpu", capacity=8)
-    first = slab.allocate(5)
-    kv = torch.randn(2, LAYERS, 5, HEADS, HEAD)
-    slab.write(first, kv[0], kv[1])
-    second = slab.allocate(6)  # does not fit: the slab doubles, old rows survive
-    assert slab.capacity >= 11 and second >= 5
-    keys, values = slab.gather(1, torch.arange(first, first + 5))
-    assert torch.equal(keys, kv[0, 1]) and torch.equal(values, kv[1, 1])
-    slab.free(first, 5)
-    assert slab.allocate(5) == first  # freed rows are handed out again
-    assert slab.bytes_per_token == 2 * LAYERS * HEADS * HEAD * 4
