@@ -7,21 +7,30 @@ the attention backend's own cache writer, so no layout is assumed anywhere.
 
 from __future__ import annotations
 
+import json
 import logging
-from dataclasses import dataclass
+import os
+import time
+from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from inferscale_memory.connector import compat
 from inferscale_memory.connector.params import FactKey
 from inferscale_memory.connector.plan import LoadOp, StepPlan
+from inferscale_memory.kv import fused
+from inferscale_memory.kv.fused import FusedInjector
 from inferscale_memory.kv.layout import CacheLayout, flat_view, probe_layout
 from inferscale_memory.kv.pool import KVPool, PoolEntry
 from inferscale_memory.kv.rope import RotaryShift
 from inferscale_memory.kv.slab import KVSlab
 
 logger = logging.getLogger(__name__)
+
+# A file path: every load step appends ``{"ms", "requests", "tokens", "fused"}`` to it.
+TIMING_ENV = "INFERSCALE_CONNECTOR_TIMING"
 
 
 @dataclass
@@ -30,6 +39,15 @@ class _Layer:
     flat: torch.Tensor  # 1-D view of this layer's cache
     layout: CacheLayout
     write: Any  # compat.cache_writer
+
+
+@dataclass
+class _Capture:
+    """The spans captured in one step: their cache slots, and K/V gathered per layer."""
+
+    slots: torch.Tensor
+    kv: list[torch.Tensor | None]
+    indices: dict[int, torch.Tensor] = field(default_factory=dict)  # by id(layout)
 
 
 class WorkerSide:
@@ -43,8 +61,11 @@ class WorkerSide:
         self._block_size = compat.cache_block_size(vllm_config)
         self._shift: RotaryShift | None = None
         self._slab: KVSlab | None = None
-        self._pending: dict[tuple[str, FactKey], list[torch.Tensor | None]] = {}
+        self._capture: _Capture | None = None  # this step's captures, layer by layer
+        self._fused: FusedInjector | None = None
         self._load_errors: set[int] = set()
+        # Load-time log for benchmarks (synchronises the device after each load step).
+        self._timing = os.environ.get(TIMING_ENV) or None
 
     def register(self, kv_caches: dict[str, torch.Tensor]) -> None:
         """Learn the cache layout of every layer (before any request ran)."""
@@ -63,43 +84,86 @@ class WorkerSide:
         first = kv_caches[names[0]]
         self._slab = KVSlab(len(names), heads, head_dim, first.dtype, first.device)
         self._shift = RotaryShift.from_rotary_module(compat.model_rotary_module(head_dim))
-        logger.info("inferscale connector: %d layers, layouts probed: %d",
-                    len(self._layers), len(probed))
+        layouts = [layer.layout for layer in self._layers]
+        if fused.available(first.device, first.dtype, self._slab.data.dtype, layouts):
+            self._fused = FusedInjector([layer.flat for layer in self._layers], layouts[0],
+                                        heads, head_dim, self._shift.rotary_dim,
+                                        self._shift.is_neox_style)
+        logger.info("inferscale connector: %d layers, layouts probed: %d, loads: %s",
+                    len(self._layers), len(probed),
+                    "fused Triton kernel" if self._fused else "per-layer cache writes")
 
     # -- loading (before the forward pass) ---------------------------------------------
 
     def start_load(self, plan: StepPlan) -> None:
         """Write every load of this step into the paged cache, then apply evictions."""
-        parts = [part for op in plan.loads for part in self._gather(op)]
-        if parts:
+        started = time.perf_counter() if self._timing is not None else 0.0
+        batch = self._load_batch(plan.loads)
+        if batch is not None:
             assert self._shift is not None and self._slab is not None
             device = self._slab.data.device
-            rows = torch.cat([p[0] for p in parts]).to(device)
-            deltas = torch.cat([p[1] for p in parts])
-            slots = torch.cat([p[2] for p in parts]).to(device)
-            keys, values = self._slab.gather(rows)  # [layers, n, heads, head_dim]
-            keys = self._shift.apply(keys, self._shift.prepare(deltas, device))
-            for i, layer in enumerate(self._layers):
-                layer.write(keys[i], values[i], slots)
+            rows, deltas, slots = torch.from_numpy(batch).to(device, non_blocking=True)
+            rotation = self._shift.prepare(torch.from_numpy(batch[1]), device)
+            if self._fused is not None:
+                self._fused(self._slab.data, rows, slots, rotation)
+            else:
+                keys, values = self._slab.gather(rows)  # [layers, n, heads, head_dim]
+                keys = self._shift.apply(keys, rotation)
+                for i, layer in enumerate(self._layers):
+                    layer.write(keys[i], values[i], slots)
+            if self._timing is not None:
+                self._log_load(started, plan, batch.shape[1])
         for key in plan.evicts:
             self._drop(key)
 
-    def _gather(self, op: LoadOp) -> list[tuple[torch.Tensor, ...]]:
-        """(slab rows, position deltas, cache slots) of each piece of one request."""
-        parts = []
-        for key, offset, length, position in op.pieces:
-            entry = self.pool.get(key)
-            if entry is None or offset + length > entry.num_tokens:
-                # The scheduler believed this fact exists; let vLLM recompute its blocks.
-                logger.warning("fact %s missing from the KV pool; recomputing", key)
-                self._load_errors.update(self._blocks_of(op.block_ids, position, length))
-                continue
-            first = entry.offset + offset
-            delta = position - (entry.start + offset)
-            parts.append((torch.arange(first, first + length),
-                          torch.full((length,), delta, dtype=torch.int64),
-                          self._slots(op.block_ids, torch.arange(position, position + length))))
-        return parts
+    def _log_load(self, started: float, plan: StepPlan, tokens: int) -> None:
+        """One line of the load-time log (the device is synchronised first)."""
+        assert self._slab is not None and self._timing is not None
+        if self._slab.data.is_cuda:
+            torch.cuda.synchronize(self._slab.data.device)
+        ms = (time.perf_counter() - started) * 1000
+        with open(self._timing, "a") as log:
+            log.write(json.dumps({"ms": ms, "requests": len(plan.loads), "tokens": tokens,
+                                  "fused": self._fused is not None}) + "\n")
+
+    def _load_batch(self, loads: list[LoadOp]) -> np.ndarray | None:
+        """``[3, n]`` slab rows, position deltas and cache slots of every token loaded.
+
+        Python touches each piece once (a pool lookup); the per-token arrays are built
+        with a few vectorised numpy operations for the whole step.
+        """
+        firsts, lengths, positions, deltas, tables, table_base = [], [], [], [], [], []
+        base = 0
+        for op in loads:
+            used = False
+            for key, offset, length, position in op.pieces:
+                entry = self.pool.get(key)
+                if entry is None or offset + length > entry.num_tokens:
+                    # The scheduler believed this fact exists; let vLLM recompute its blocks.
+                    logger.warning("fact %s missing from the KV pool; recomputing", key)
+                    self._load_errors.update(self._blocks_of(op.block_ids, position, length))
+                    continue
+                firsts.append(entry.offset + offset)
+                lengths.append(length)
+                positions.append(position)
+                deltas.append(position - (entry.start + offset))
+                table_base.append(base)
+                used = True
+            if used:
+                tables.append(op.block_ids)
+                base += len(op.block_ids)
+        if not lengths:
+            return None
+        size = self._block_size
+        count = np.asarray(lengths, dtype=np.int64)
+        within = np.arange(int(count.sum()), dtype=np.int64) - np.repeat(
+            np.cumsum(count) - count, count)
+        pos = np.repeat(np.asarray(positions, dtype=np.int64), count) + within
+        table = np.fromiter((b for t in tables for b in t), dtype=np.int64, count=base)
+        blocks = table[np.repeat(np.asarray(table_base, dtype=np.int64), count) + pos // size]
+        return np.stack((np.repeat(np.asarray(firsts, dtype=np.int64), count) + within,
+                         np.repeat(np.asarray(deltas, dtype=np.int64), count),
+                         blocks * size + pos % size))
 
     def _drop(self, key: FactKey) -> None:
         entry = self.pool.get(key)
@@ -114,39 +178,41 @@ class WorkerSide:
     # -- capturing (after each layer's attention) --------------------------------------
 
     def save_layer(self, layer_name: str, plan: StepPlan) -> None:
-        """Copy this layer's K/V of every span captured in this step."""
+        """Copy this layer's K/V of every span captured in this step (one gather)."""
         layer_id = self._index.get(layer_name)
-        if layer_id is None:
+        if layer_id is None or not plan.captures:
             return
         layer = self._layers[layer_id]
-        for op in plan.captures:
-            for span in op.spans:
-                positions = torch.arange(span.start, span.end)
-                slots = self._slots(op.block_ids, positions).to(layer.flat.device)
-                kv = layer.flat[layer.layout.indices(slots)]  # [2, n, heads, head_dim]
-                buffers = self._pending.setdefault((op.req_id, span.key),
-                                                   [None] * len(self._layers))
-                buffers[layer_id] = kv
+        if self._capture is None:
+            slots = torch.cat([self._slots(op.block_ids, torch.arange(span.start, span.end))
+                               for op in plan.captures for span in op.spans])
+            self._capture = _Capture(slots.to(layer.flat.device), [None] * len(self._layers))
+        capture = self._capture
+        indices = capture.indices.get(id(layer.layout))
+        if indices is None:
+            indices = capture.indices[id(layer.layout)] = layer.layout.indices(capture.slots)
+        capture.kv[layer_id] = layer.flat[indices]  # [2, n, heads, head_dim]
 
     def finish_save(self, plan: StepPlan) -> None:
-        """Move every fully captured span of this step into the pool."""
-        for op in plan.captures:
-            for span in op.spans:
-                buffers = self._pending.pop((op.req_id, span.key), None)
-                if buffers is None or any(b is None for b in buffers):
-                    logger.warning("capture of %s incomplete; not stored", span.key)
-                    continue
-                stacked = torch.stack(buffers, dim=1)  # [2, layers, n, heads, head_dim]
-                self._store(span.key, stacked, span.start)
-
-    def _store(self, key: FactKey, kv: torch.Tensor, start: int) -> None:
+        """Move every span captured in this step into the pool."""
+        capture, self._capture = self._capture, None
+        spans = [(op.req_id, span) for op in plan.captures for span in op.spans]
+        if capture is None or not spans:
+            return
+        if any(kv is None for kv in capture.kv):
+            logger.warning("capture of %d spans incomplete; not stored", len(spans))
+            return
         assert self._slab is not None
-        self._drop(key)
-        num_tokens = int(kv.shape[2])
-        offset = self._slab.allocate(num_tokens)
-        self._slab.write(offset, kv[0], kv[1])
-        nbytes = num_tokens * self._slab.bytes_per_token
-        self.pool.put(key, PoolEntry(offset, num_tokens, start, nbytes))
+        offsets = [self._slab.allocate(span.end - span.start) for _, span in spans]
+        rows = torch.cat([torch.arange(o, o + span.end - span.start)
+                          for o, (_, span) in zip(offsets, spans, strict=True)])
+        kv = torch.stack(capture.kv, dim=1)  # [2, layers, n, heads, head_dim]
+        self._slab.write_rows(rows.to(kv.device), kv[0], kv[1])
+        for offset, (_, span) in zip(offsets, spans, strict=True):
+            num_tokens = span.end - span.start
+            self._drop(span.key)  # the old KV of a recaptured fact
+            self.pool.put(span.key, PoolEntry(offset, num_tokens, span.start,
+                                              num_tokens * self._slab.bytes_per_token))
 
     # -- helpers -----------------------------------------------------------------------
 

@@ -63,6 +63,10 @@ class KVSlab:
         rows[:, :, 0] = keys.transpose(0, 1)
         rows[:, :, 1] = values.transpose(0, 1)
 
+    def write_rows(self, rows: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Store ``[layers, n, heads, head_dim]`` K and V at any ``rows`` ``[n]``."""
+        self.data[rows] = torch.stack((keys, values), dim=2).transpose(0, 1)
+
     def gather(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V ``[layers, n, heads, head_dim]`` of ``rows`` (contiguous per layer)."""
         picked = self.data.index_select(0, rows)  # [n, layers, 2, heads, head_dim]

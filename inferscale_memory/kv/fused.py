@@ -1,0 +1,131 @@
+"""One Triton kernel that injects a whole step's facts into the paged cache (CUDA).
+
+The portable path (:meth:`~inferscale_memory.connector.worker.WorkerSide.start_load`)
+gathers the rows from the slab, rotates the keys and calls the attention backend's cache
+writer once per layer: a few kernels and temporary tensors per layer. On CUDA this kernel
+does it all at once: each program takes one token of one layer, reads its K and V from
+the slab, rotates K by the token's position delta (cos/sin precomputed by
+:class:`~inferscale_memory.kv.rope.RotaryShift`, so both paths use the same angles) and
+stores both into the layer's cache at the flat offsets the layout probe learned. Tokens
+whose delta is 0 are copied bit for bit.
+
+Runs under ``TRITON_INTERPRET=1`` on CPU tensors too, which is how it is tested without a
+GPU.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+import torch
+
+from inferscale_memory.kv.layout import CacheLayout
+from inferscale_memory.kv.rope import Rotation
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # the CPU install has no Triton: the portable path serves
+    triton = None
+
+
+# "0" turns the kernel off (to compare with the portable path).
+FUSED_ENV = "INFERSCALE_FUSED_INJECT"
+
+
+def available(device: torch.device, cache_dtype: torch.dtype, slab_dtype: torch.dtype,
+              layouts: Sequence[CacheLayout]) -> bool:
+    """Whether the kernel can serve these caches (CUDA, one dtype, one layout, and not
+    turned off by ``INFERSCALE_FUSED_INJECT=0``)."""
+    return (triton is not None and device.type == "cuda" and cache_dtype == slab_dtype
+            and len({id(layout) for layout in layouts}) == 1
+            and os.environ.get(FUSED_ENV, "1") != "0")
+
+
+if triton is not None:
+
+    @triton.jit
+    def _inject_kernel(slab_ptr, rows_ptr, slots_ptr, cos_ptr, sin_ptr, moved_ptr,
+                       cache_addrs_ptr, offsets_ptr, block_size, block_stride,
+                       row_stride, layer_stride, kv_stride,
+                       HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+                       HEADS_P2: tl.constexpr, DIM_P2: tl.constexpr,
+                       ROT_HALF: tl.constexpr, NEOX: tl.constexpr, ROTATE: tl.constexpr):
+        tok = tl.program_id(0)
+        layer = tl.program_id(1)
+        row = tl.load(rows_ptr + tok)
+        slot = tl.load(slots_ptr + tok)
+        block = slot // block_size
+        within = slot % block_size
+        elem_ty = slab_ptr.dtype.element_ty
+        cache = tl.load(cache_addrs_ptr + layer).to(tl.pointer_type(elem_ty))
+
+        h = tl.arange(0, HEADS_P2)[:, None]
+        d = tl.arange(0, DIM_P2)[None, :]
+        mask = (h < HEADS) & (d < HEAD_DIM)
+        src = slab_ptr + row * row_stride + layer * layer_stride + h * HEAD_DIM
+        k = tl.load(src + d, mask=mask)
+        v = tl.load(src + kv_stride + d, mask=mask)
+
+        if ROTATE:
+            if NEOX:  # pairs (i, i + half)
+                lower = d < ROT_HALF
+                partner = tl.where(lower, d + ROT_HALF, d - ROT_HALF)
+                freq = tl.where(lower, d, d - ROT_HALF)
+            else:  # pairs (2i, 2i + 1)
+                lower = (d % 2) == 0
+                partner = tl.where(lower, d + 1, d - 1)
+                freq = d // 2
+            rotary = d < 2 * ROT_HALF
+            rmask = mask & rotary
+            x = k.to(tl.float32)
+            xp = tl.load(src + partner, mask=rmask, other=0.0).to(tl.float32)
+            cos = tl.load(cos_ptr + tok * ROT_HALF + freq, mask=rotary, other=1.0)
+            sin = tl.load(sin_ptr + tok * ROT_HALF + freq, mask=rotary, other=0.0)
+            # y1 = x1 cos - x2 sin, y2 = x2 cos + x1 sin (as RotaryShift.apply)
+            rotated = tl.where(lower, x * cos - xp * sin, x * cos + xp * sin)
+            moved = tl.load(moved_ptr + tok) != 0
+            k = tl.where(rotary & moved, rotated.to(elem_ty), k)
+
+        base = cache + block * block_stride
+        head_off = (within * HEADS + h) * HEAD_DIM + d
+        k_off = tl.load(offsets_ptr + head_off, mask=mask)
+        v_off = tl.load(offsets_ptr + block_size * HEADS * HEAD_DIM + head_off, mask=mask)
+        tl.store(base + k_off, k, mask=mask)
+        tl.store(base + v_off, v, mask=mask)
+
+
+class FusedInjector:
+    """The kernel bound to one worker's caches, slab layout and rotary parameters."""
+
+    def __init__(self, caches: Sequence[torch.Tensor], layout: CacheLayout, heads: int,
+                 head_dim: int, rotary_dim: int, is_neox_style: bool) -> None:
+        device = caches[0].device
+        self._addrs = torch.tensor([c.data_ptr() for c in caches], dtype=torch.int64,
+                                   device=device)
+        self._keep = list(caches)  # the addresses are only valid while the caches live
+        self._layout = layout
+        self._offsets = layout.offsets.to(device=device, dtype=torch.int64).contiguous()
+        self._heads, self._head_dim = heads, head_dim
+        self._rot_half, self._neox = rotary_dim // 2, is_neox_style
+
+    def __call__(self, slab: torch.Tensor, rows: torch.Tensor, slots: torch.Tensor,
+                 rotation: Rotation | None) -> None:
+        """Write slab ``rows`` into cache ``slots`` of every layer (keys rotated)."""
+        n, layers = int(rows.shape[0]), len(self._keep)
+        if n == 0:
+            return
+        if rotation is None:
+            cos = sin = moved = rows  # unused: ROTATE is off
+        else:
+            cos, sin = rotation.cos.reshape(n, -1), rotation.sin.reshape(n, -1)
+            moved = rotation.moved
+        _inject_kernel[(n, layers)](
+            slab, rows, slots, cos, sin, moved, self._addrs, self._offsets,
+            self._layout.block_size, self._layout.block_stride,
+            slab.stride(0), slab.stride(1), slab.stride(2),
+            HEADS=self._heads, HEAD_DIM=self._head_dim,
+            HEADS_P2=triton.next_power_of_2(self._heads),
+            DIM_P2=triton.next_power_of_2(self._head_dim),
+            ROT_HALF=self._rot_half, NEOX=self._neox, ROTATE=rotation is not None)
