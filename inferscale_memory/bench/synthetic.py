@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
 import statistics
 import time
@@ -18,6 +19,7 @@ from typing import Any
 
 from inferscale_memory.config import MemoryConfig
 from inferscale_memory.connector.params import FactKey, RequestParams, Span
+from inferscale_memory.connector.worker import TIMING_ENV
 from inferscale_memory.runtime import Completion, VllmRuntime
 
 TENANT = "bench"
@@ -111,18 +113,44 @@ class SyntheticWorkload:
                                            params=params, salted=True, **kwargs)
 
 
-async def ttft_sweep(work: SyntheticWorkload, ks: list[int], trials: int) -> list[dict]:
-    """Median and p90 TTFT (ms) per k and path; a different fact set every trial."""
+class LoadLog:
+    """The connector's load-time log (:data:`~inferscale_memory.connector.worker.TIMING_ENV`),
+    read incrementally: :meth:`take` returns the load steps logged since the last call."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("")
+        self._offset = 0
+
+    def take(self) -> list[dict[str, Any]]:
+        with open(self.path) as log:
+            log.seek(self._offset)
+            lines = log.readlines()
+            self._offset = log.tell()
+        return [json.loads(line) for line in lines if line.strip()]
+
+
+async def ttft_sweep(work: SyntheticWorkload, ks: list[int], trials: int,
+                     loads: LoadLog | None = None) -> list[dict]:
+    """Median and p90 TTFT (ms) per k and path; a different fact set every trial; with
+    ``loads``, the median time of the connector's load step of the KV requests."""
     rows = []
     for k in ks:
         times: dict[str, list[float]] = {"text": [], "kv": []}
+        load_ms: list[float] = []
         for _ in range(trials):
             prompt = work.prompt(work.sample(k))
             for mode in ("kv", "text"):
                 times[mode].append((await work.run(prompt, mode)).ttft_s * 1000)
-        rows.append({"k": k, **{f"{m}_{stat}_ms": value for m in times
-                                for stat, value in zip(("median", "p90"), _stats(times[m]),
-                                                       strict=True)}})
+                if loads is not None:
+                    load_ms += [step["ms"] for step in loads.take() if mode == "kv"]
+        row = {"k": k, **{f"{m}_{stat}_ms": value for m in times
+                          for stat, value in zip(("median", "p90"), _stats(times[m]),
+                                                 strict=True)}}
+        if load_ms:
+            row["load_median_ms"] = statistics.median(load_ms)
+        rows.append(row)
     return rows
 
 
@@ -145,8 +173,17 @@ def _stats(values: list[float]) -> tuple[float, float]:
 
 
 def run_synthetic(shape: str, ks: list[int], trials: int, concurrency: int, output_len: int,
-                  workdir: Path, **config: Any) -> dict[str, Any]:
-    """The whole synthetic report: capture rate, TTFT sweep, one-shot throughput."""
+                  workdir: Path, connector_timing: bool = False,
+                  **config: Any) -> dict[str, Any]:
+    """The whole synthetic report: capture rate, TTFT sweep, one-shot throughput.
+
+    ``connector_timing`` logs the connector's load steps (synchronising the device after
+    each, which costs a little TTFT) and reports their median time per k.
+    """
+    loads = None
+    if connector_timing:  # the engine's processes inherit the variable
+        loads = LoadLog(workdir / "connector-timing.jsonl")
+        os.environ[TIMING_ENV] = str(loads.path)
     runtime = dummy_runtime(write_dummy_model(workdir / shape, shape), **config)
     try:
         vocab = int(SHAPES[shape]["vocab_size"])
@@ -158,7 +195,9 @@ def run_synthetic(shape: str, ks: list[int], trials: int, concurrency: int, outp
             seconds = await work.capture(count)
             for mode in ("kv", "text"):  # warm-up of both paths
                 await work.run(work.prompt(work.sample(max(ks))), mode)
-            rows = await ttft_sweep(work, ks, trials)
+            if loads is not None:
+                loads.take()
+            rows = await ttft_sweep(work, ks, trials, loads)
             k = min(50, max(ks))
             rates = {mode: await throughput(work, concurrency, k, output_len, mode)
                      for mode in ("text", "kv")}
@@ -169,16 +208,19 @@ def run_synthetic(shape: str, ks: list[int], trials: int, concurrency: int, outp
         return runtime.run(report())
     finally:
         runtime.close()
+        os.environ.pop(TIMING_ENV, None)
 
 
 def format_report(report: dict[str, Any]) -> str:
     lines = [f"shape {report['shape']}: capture {report['capture_facts_per_s']:.0f} facts/s",
-             "| k | text TTFT median (p90) ms | KV TTFT median (p90) ms | KV / text |",
-             "|---|---|---|---|"]
+             "| k | text TTFT median (p90) ms | KV TTFT median (p90) ms | KV / text "
+             "| connector load ms |",
+             "|---|---|---|---|---|"]
     for r in report["ttft"]:
+        load = f"{r['load_median_ms']:.2f}" if "load_median_ms" in r else "-"
         lines.append(f"| {r['k']} | {r['text_median_ms']:.1f} ({r['text_p90_ms']:.1f}) | "
                      f"{r['kv_median_ms']:.1f} ({r['kv_p90_ms']:.1f}) | "
-                     f"{r['kv_median_ms'] / r['text_median_ms']:.2f} |")
+                     f"{r['kv_median_ms'] / r['text_median_ms']:.2f} | {load} |")
     t = report["throughput"]
     lines.append(f"throughput, {t['concurrency']} requests at once, k={t['k']}, "
                  f"{t['output_len']} output tokens: text {t['text']['requests_per_s']:.1f} "

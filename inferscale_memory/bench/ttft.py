@@ -1,21 +1,25 @@
 """``bench ttft``: time to first token of the text path vs the KV path, over k.
 
 Synthetic random facts; every trial uses a different fact set, so the prefix cache cannot
-help the text path; the same token ids are sent on both paths.
+help the text path; the same token ids are sent on both paths. k = 0 (no facts) is the
+floor: the cost of the question alone. Measured in a shuffled order after warm-up rounds
+(see :func:`run_ttft`).
 """
 
 from __future__ import annotations
 
-import json
 import random
-import statistics
-import tempfile
+import uuid
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from pathlib import Path
+from typing import Any
 
 from tqdm import tqdm
 
-from inferscale_memory.engine import MemoryEngine
+from inferscale_memory.bench.run_folder import RunFolder
+from inferscale_memory.bench.stats import median, percentile
+from inferscale_memory.engine import MODES, MemoryEngine
+from inferscale_memory.results import ChatResult
 from inferscale_memory.store import Fact
 
 WORDS = (
@@ -24,7 +28,6 @@ WORDS = (
     "forest ticket silver cousin museum pepper journey blanket"
 ).split()
 QUESTION = "Summarise what you know about me in one sentence."
-USER = "bench-user"
 
 
 @dataclass
@@ -45,50 +48,71 @@ def random_fact(rng: random.Random, words: int) -> str:
     return "The user " + " ".join(rng.choice(WORDS) for _ in range(words)) + "."
 
 
-def run_ttft(model: str | None = None, ks: tuple[int, ...] = (0, 10, 20, 40), trials: int = 5,
-             fact_words: int = 16, seed: int = 0, out: Path | None = None) -> list[TtftRow]:
-    """Measure TTFT per path and k; returns one row per k (and writes JSON to ``out``)."""
+def add_random_facts(engine: MemoryEngine, user_id: str, count: int, words: int,
+                     rng: random.Random) -> list[Fact]:
+    """Store (and capture) ``count`` random facts of ``words`` words for ``user_id``."""
+    return engine.memory.add([random_fact(rng, words) for _ in range(count)], user_id=user_id)
+
+
+def run_ttft(engine: MemoryEngine, ks: Sequence[int] = (0, 10, 20, 40), trials: int = 5,
+             fact_words: int = 16, seed: int = 0, run: RunFolder | None = None,
+             progress: bool = True, warmup: int = 5) -> list[TtftRow]:
+    """Measure TTFT per path and k; one row per k (records and summary go to ``run``).
+
+    The (k, trial) pairs run in a shuffled order, each pair's paths in a random order, so
+    a drift of the machine (a neighbour's load, the engine settling after the capture of
+    many facts) spreads over every k and path instead of biasing the first ones measured.
+    ``warmup`` rounds (both paths at every k) run before.
+    """
     rng = random.Random(seed)
-    num_facts = max(ks) * (trials + 1)
-    rows = []
-    with tempfile.TemporaryDirectory() as tmp, MemoryEngine(
-            model, store_path=str(Path(tmp) / "bench.sqlite")) as engine:
-        facts = engine.memory.add([random_fact(rng, fact_words) for _ in range(num_facts)],
-                                  user_id=USER)
-        messages = [{"role": "user", "content": QUESTION}]
-        _one(engine, messages, facts[:max(ks)], "kv")  # warm-up of both paths
-        _one(engine, messages, facts[:max(ks)], "text")
-        for k in ks:
-            times: dict[str, list[float]] = {"kv": [], "text": []}
-            tokens = []
-            for _ in tqdm(range(trials), desc=f"k={k}", leave=False):
-                chosen = rng.sample(facts, k)
-                for mode in ("kv", "text"):
-                    metrics = _one(engine, messages, chosen, mode).metrics
-                    times[mode].append(metrics.ttft_ms)
-                    tokens.append(metrics.memory_tokens)
-            rows.append(TtftRow(k, statistics.mean(tokens), *_stats(times["text"]),
-                                *_stats(times["kv"])))
-    if out is not None:
-        out.write_text(json.dumps([asdict(r) | {"ratio": r.ratio} for r in rows], indent=2))
+    engine.reset_prefix_cache()  # an earlier run with this seed left these very prompts
+    user_id = f"bench-ttft-{uuid.uuid4().hex[:8]}"
+    facts = add_random_facts(engine, user_id, max(1, max(ks) * (trials + 1)), fact_words,
+                             rng)
+    plan = [(k, trial) for k in ks for trial in range(trials)]
+    rng.shuffle(plan)
+    records = []
+    try:
+        for _ in range(warmup):
+            for k in ks:
+                for mode in MODES:
+                    _one(engine, user_id, rng.sample(facts, k), mode)
+        for k, trial in tqdm(plan, desc="ttft", disable=not progress):
+            chosen = rng.sample(facts, k)
+            for mode in rng.sample(MODES, len(MODES)):
+                m = _one(engine, user_id, chosen, mode).metrics
+                records.append({"k": k, "trial": trial, "mode": mode, "ttft_ms": m.ttft_ms,
+                                "memory_tokens": m.memory_tokens,
+                                "computed_tokens": m.computed_tokens,
+                                "injected_tokens": m.injected_tokens})
+                if run is not None:
+                    run.append(records[-1])
+    finally:
+        engine.memory.delete_all(user_id=user_id)
+    rows = ttft_rows(records)
+    if run is not None:
+        run.write_summary(summarize_ttft(rows, fact_words=fact_words, trials=trials))
     return rows
 
 
-def _one(engine: MemoryEngine, messages: list[dict[str, str]], facts: list[Fact], mode: str):
-    return engine.answer(messages, facts, user_id=USER, mode=mode, max_tokens=1)
+def _one(engine: MemoryEngine, user_id: str, facts: list[Fact], mode: str) -> ChatResult:
+    messages = [{"role": "user", "content": QUESTION}]
+    return engine.answer(messages, facts, user_id=user_id, mode=mode, max_tokens=1)
 
 
-def _stats(values: list[float]) -> tuple[float, float]:
-    ordered = sorted(values)
-    p90 = ordered[min(len(ordered) - 1, round(0.9 * (len(ordered) - 1)))]
-    return statistics.median(ordered), p90
+def ttft_rows(records: list[dict[str, Any]]) -> list[TtftRow]:
+    """Median and p90 TTFT per k and path from per-request records."""
+    rows = []
+    for k in sorted({r["k"] for r in records}):
+        times = {mode: [r["ttft_ms"] for r in records if r["k"] == k and r["mode"] == mode]
+                 for mode in ("text", "kv")}
+        tokens = [r["memory_tokens"] for r in records if r["k"] == k]
+        rows.append(TtftRow(k, sum(tokens) / len(tokens), median(times["text"]),
+                            percentile(times["text"], 90), median(times["kv"]),
+                            percentile(times["kv"], 90)))
+    return rows
 
 
-def format_table(rows: list[TtftRow]) -> str:
-    lines = ["| k | memory tokens | text TTFT median (p90) ms | KV TTFT median (p90) ms "
-             "| KV / text |", "|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(f"| {r.k} | {r.memory_tokens:.0f} | {r.text_median_ms:.1f} "
-                     f"({r.text_p90_ms:.1f}) | {r.kv_median_ms:.1f} ({r.kv_p90_ms:.1f}) | "
-                     f"{r.ratio:.2f} |")
-    return "\n".join(lines)
+def summarize_ttft(rows: list[TtftRow], **params: Any) -> dict[str, Any]:
+    return {"workload": "ttft", **params,
+            "ttft": [asdict(r) | {"ratio": r.ratio} for r in rows]}

@@ -50,7 +50,7 @@ def test_free_list_merges_back_to_one_range() -> None:
         slab.free(offset, n)
         starts = [o for o, _ in slab._free]
         assert starts == sorted(starts)
-        assert all(o + n < nxt for (o, n), nxt in zip(slab._free, starts[1:]))  # merged
+        assert all(o + n < nxt for (o, n), nxt in zip(slab._free[:-1], starts[1:], strict=True))
     assert slab._free == [(0, slab.capacity)]
     assert slab.free_rows == slab.capacity
 

@@ -1,0 +1,106 @@
+"""ChatInferScale and InferScaleRetriever with facts on the real engine."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+from langchain_core.messages import AIMessage, AIMessageChunk
+
+from inferscale_memory import MemoryEngine
+from langchain_inferscale import ChatInferScale, InferScaleRetriever
+
+pytestmark = pytest.mark.engine
+QUESTION = "Where does Caroline live?"
+
+
+def memory_of(message: AIMessage) -> dict:
+    return message.response_metadata["memory"]
+
+
+def test_kv_answer_matches_the_text_path(engine: MemoryEngine,
+                                         block_fact: Callable[[str], str]) -> None:
+    fact = engine.memory.add(block_fact("Caroline moved to Berlin in May 2023."),
+                             user_id="lc-exact")
+    llm = ChatInferScale(engine=engine, user_id="lc-exact", k=1, max_tokens=16)
+    engine.reset_prefix_cache()
+    llm.invoke(QUESTION, mode="text")  # warms vLLM's prefix cache with header + fact
+    text = llm.invoke(QUESTION, mode="text")
+    kv = llm.invoke(QUESTION)
+    assert memory_of(kv)["mode"] == "kv" and memory_of(text)["mode"] == "text"
+    assert memory_of(kv)["fact_ids"] == [fact.id]
+    assert memory_of(kv)["injected_tokens"] == engine.runtime.block_size
+    assert memory_of(text)["injected_tokens"] == 0
+    assert kv.content == text.content
+    assert kv.usage_metadata["input_tokens"] == text.usage_metadata["input_tokens"]
+    assert kv.usage_metadata["input_token_details"]["cache_read"] >= engine.runtime.block_size
+
+
+def test_user_comes_from_the_call_config(engine: MemoryEngine) -> None:
+    engine.memory.add("Bob's dog is called Rex.", user_id="lc-bob")
+    llm = ChatInferScale(engine=engine, max_tokens=4)
+    plain, bob = llm.batch(["What is my dog called?"] * 2,
+                           config=[{}, {"configurable": {"user_id": "lc-bob", "k": 1}}])
+    assert memory_of(plain)["user_id"] is None and memory_of(plain)["injected_tokens"] == 0
+    assert memory_of(bob)["user_id"] == "lc-bob" and memory_of(bob)["injected_tokens"] > 0
+
+
+def test_stream_ends_with_the_memory_metrics(engine: MemoryEngine) -> None:
+    engine.memory.add("Ann plays the cello.", user_id="lc-stream")
+    chunks = list(ChatInferScale(engine=engine, user_id="lc-stream", max_tokens=8)
+                  .stream("What does Ann play?"))
+    assert all(isinstance(c, AIMessageChunk) for c in chunks)
+    assert chunks[-1].chunk_position == "last"
+    assert memory_of(chunks[-1])["injected_tokens"] > 0
+    assert chunks[-1].usage_metadata["output_tokens"] > 0
+
+
+async def test_async_calls_run_on_the_engine_loop(engine: MemoryEngine) -> None:
+    engine.memory.add("Eve's favourite colour is green.", user_id="lc-async")
+    llm = ChatInferScale(engine=engine, user_id="lc-async", max_tokens=8)
+    message = await llm.ainvoke("What is Eve's favourite colour?")
+    assert memory_of(message)["injected_tokens"] > 0
+    chunks = [chunk async for chunk in llm.astream("What is Eve's favourite colour?")]
+    assert memory_of(chunks[-1])["fact_ids"] == memory_of(message)["fact_ids"]
+    assert "".join(c.text for c in chunks) == message.text
+
+
+def test_deleted_facts_are_not_injected_nor_retrieved(engine: MemoryEngine) -> None:
+    kept, dropped = engine.memory.add(["Liam lives in Oslo.", "Liam lives in Rome."],
+                                      user_id="lc-delete")
+    engine.memory.delete(dropped.id, user_id="lc-delete")
+    reply = ChatInferScale(engine=engine, user_id="lc-delete", max_tokens=4).invoke(
+        "Where does Liam live?")
+    assert memory_of(reply)["fact_ids"] == [kept.id]
+    retriever = InferScaleRetriever(engine=engine, user_id="lc-delete", k=5)
+    assert [doc.id for doc in retriever.invoke("Where does Liam live?")] == [kept.id]
+
+
+async def test_retriever_returns_the_user_facts_as_documents(engine: MemoryEngine) -> None:
+    fact = engine.memory.add("Mia works as a nurse.", user_id="lc-retriever",
+                             metadata={"source": "chat"})
+    retriever = InferScaleRetriever(engine=engine, k=1)
+    docs = await retriever.ainvoke("What is Mia's job?",
+                                   config={"configurable": {"user_id": "lc-retriever"}})
+    assert docs[0].page_content == fact.text and docs[0].id == fact.id
+    assert docs[0].metadata["source"] == "chat" and docs[0].metadata["score"] > 0
+    assert InferScaleRetriever(engine=engine, user_id="lc-nobody").invoke("job?") == []
+
+
+def test_user_without_facts_is_answered_without_memory(engine: MemoryEngine) -> None:
+    reply = ChatInferScale(engine=engine, user_id="lc-new-user", max_tokens=4).invoke("Hi")
+    assert memory_of(reply)["injected_tokens"] == 0 and reply.content
+
+
+def test_agent_run_config_names_the_user(engine: MemoryEngine) -> None:
+    from langchain.agents import create_agent
+    from langgraph.checkpoint.memory import InMemorySaver
+
+    fact = engine.memory.add("Zoe's cat is called Miso.", user_id="lc-agent")
+    agent = create_agent(ChatInferScale(engine=engine, max_tokens=6), tools=[],
+                         checkpointer=InMemorySaver())
+    config = {"configurable": {"thread_id": "lc-agent-1", "user_id": "lc-agent"}}
+    for question in ("What is my cat called?", "Say it again."):
+        state = agent.invoke({"messages": [("user", question)]}, config)
+    assert len(state["messages"]) == 4  # the checkpointer kept the thread
+    assert memory_of(state["messages"][-1])["fact_ids"] == [fact.id]

@@ -1,0 +1,64 @@
+"""LangChain's standard unit tests for ChatInferScale (no engine, no network)."""
+
+from __future__ import annotations
+
+import pytest
+from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
+from langchain_tests.unit_tests import ChatModelUnitTests
+
+from langchain_inferscale import ChatInferScale
+from langchain_inferscale.chat_models import _from_config, _to_openai
+
+
+class TestChatInferScaleUnit(ChatModelUnitTests):
+    @property
+    def chat_model_class(self) -> type[ChatInferScale]:
+        return ChatInferScale
+
+    @property
+    def chat_model_params(self) -> dict:
+        return {"user_id": "caroline", "k": 4}
+
+    @property
+    def has_tool_calling(self) -> bool:
+        # SmolLM2's chat template has no tools section and the engine parses no tool
+        # calls, so bind_tools raises (tested below) and the tool tests do not apply.
+        return False
+
+    @property
+    def has_structured_output(self) -> bool:
+        return False  # LangChain's structured output goes through tool calling or JSON mode
+
+    @property
+    def supports_model_override(self) -> bool:
+        return False  # one engine serves one model
+
+
+def test_bind_tools_raises_a_clear_error() -> None:
+    with pytest.raises(NotImplementedError, match="tool calling"):
+        ChatInferScale().bind_tools([])
+
+
+def test_messages_become_openai_dicts() -> None:
+    messages = [SystemMessage("be brief"), HumanMessage("hi"), AIMessage("hello"),
+                HumanMessage([{"type": "text", "text": "where"}])]
+    assert _to_openai(messages) == [
+        {"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "hello"}, {"role": "user", "content": "where"}]
+
+
+def test_tool_messages_are_refused() -> None:
+    with pytest.raises(ValueError, match="no tools"):
+        _to_openai([ToolMessage("3", tool_call_id="1")])
+
+
+def test_configurable_memory_options_reach_the_call() -> None:
+    config = {"configurable": {"user_id": "bob", "k": 3, "thread_id": "t"}}
+    assert _from_config(config, {}) == {"user_id": "bob", "k": 3}
+    assert _from_config(config, {"user_id": "ann"})["user_id"] == "ann"
+
+
+def test_ls_params_name_the_provider() -> None:
+    params = ChatInferScale(max_tokens=8, stop=["x"])._get_ls_params()
+    assert params["ls_provider"] == "inferscale"
+    assert params["ls_max_tokens"] == 8 and params["ls_stop"] == ["x"]

@@ -1,0 +1,221 @@
+"""InferScaleLLM: a LlamaIndex LLM whose answers get the user's facts injected as KV."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Sequence
+from typing import Any, Literal
+
+from llama_index.core.base.llms.types import (
+    ChatMessage,
+    ChatResponse,
+    ChatResponseAsyncGen,
+    ChatResponseGen,
+    CompletionResponse,
+    CompletionResponseAsyncGen,
+    CompletionResponseGen,
+    LLMMetadata,
+    MessageRole,
+)
+from llama_index.core.bridge.pydantic import ConfigDict, Field
+from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
+from llama_index.core.llms.llm import LLM
+
+from inferscale_memory import (
+    ChatChunk,
+    ChatResult,
+    Fact,
+    MemoryEngine,
+    ScoredFact,
+)
+from inferscale_memory.integrations import (
+    achat_or_plain,
+    astream_or_plain,
+    default_engine,
+    stream_or_plain,
+)
+
+MEMORY_KEY = "inferscale_memory"
+"""``additional_kwargs`` key of the message :class:`InferScaleMemoryBlock` hands over."""
+ROLES = {MessageRole.SYSTEM: "system", MessageRole.USER: "user",
+         MessageRole.ASSISTANT: "assistant", MessageRole.DEVELOPER: "system"}
+
+
+class InferScaleLLM(LLM):
+    """LLM on an inferscale-memory engine: the user's facts are injected as KV.
+
+    Facts come from an :class:`~llama_index_inferscale.InferScaleMemoryBlock` in the
+    chat's ``Memory`` (it hands them over in a message, never as pasted text), or, when
+    there is none, from the engine's own retrieval for ``user_id``.
+
+    Example:
+        .. code-block:: python
+
+            from inferscale_memory import MemoryEngine
+            from llama_index_inferscale import InferScaleLLM
+
+            engine = MemoryEngine()
+            engine.memory.add("Caroline moved to Berlin.", user_id="caroline")
+            llm = InferScaleLLM(engine=engine, user_id="caroline")
+            response = llm.chat([ChatMessage(role="user", content="Where is Caroline?")])
+            response.message.content, response.additional_kwargs["memory"]["injected_tokens"]
+    """
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    engine: Any = Field(default=None, exclude=True,
+                        description="The MemoryEngine; None shares a default engine.")
+    model: str | None = Field(default=None, description=(
+        "Model folder for the default engine when `engine` is not given (None: the "
+        "embedded SmolLM2-135M-Instruct)."))
+    user_id: str | None = Field(default=None, description=(
+        "Whose facts to retrieve when no memory block hands facts over."))
+    k: int | None = Field(default=None, description="Facts retrieved per call.")
+    mode: Literal["kv", "text"] = Field(default="kv", description=(
+        "'kv' injects the facts' KV; 'text' prefills the same tokens (A/B)."))
+    temperature: float = Field(default=0.0)
+    max_tokens: int | None = Field(default=None)
+    context_window: int = Field(default=4096, description="Reported to LlamaIndex.")
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "InferScaleLLM"
+
+    @property
+    def metadata(self) -> LLMMetadata:
+        name = self.engine.model_path.name if self.engine is not None else (
+            self.model or "SmolLM2-135M-Instruct")
+        return LLMMetadata(context_window=self.context_window,
+                           num_output=self.max_tokens or 128, is_chat_model=True,
+                           is_function_calling_model=False, model_name=name)
+
+    # -- chat -----------------------------------------------------------------------------
+
+    @llm_chat_callback()
+    def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
+        engine, request = self._request(messages, kwargs)
+        return _chat_response(engine.arun(achat_or_plain(engine, request)))
+
+    @llm_chat_callback()
+    def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
+        engine, request = self._request(messages, kwargs)
+        return _chat_stream(stream_or_plain(engine, request))
+
+    @llm_chat_callback()
+    async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
+        engine, request = self._request(messages, kwargs)
+        return _chat_response(await achat_or_plain(engine, request))
+
+    @llm_chat_callback()
+    async def astream_chat(self, messages: Sequence[ChatMessage],
+                           **kwargs: Any) -> ChatResponseAsyncGen:
+        engine, request = self._request(messages, kwargs)
+
+        async def gen() -> ChatResponseAsyncGen:
+            text = ""
+            async for piece in astream_or_plain(engine, request):
+                text += piece.text
+                yield _chat_piece(text, piece)
+
+        return gen()
+
+    # -- completion: the prompt is one user message ----------------------------------------
+
+    @llm_completion_callback()
+    def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
+        return _as_completion(self.chat([_user(prompt)], **kwargs))
+
+    @llm_completion_callback()
+    def stream_complete(self, prompt: str, formatted: bool = False,
+                        **kwargs: Any) -> CompletionResponseGen:
+        return (_as_completion(r) for r in self.stream_chat([_user(prompt)], **kwargs))
+
+    @llm_completion_callback()
+    async def acomplete(self, prompt: str, formatted: bool = False,
+                        **kwargs: Any) -> CompletionResponse:
+        return _as_completion(await self.achat([_user(prompt)], **kwargs))
+
+    @llm_completion_callback()
+    async def astream_complete(self, prompt: str, formatted: bool = False,
+                               **kwargs: Any) -> CompletionResponseAsyncGen:
+        responses = await self.astream_chat([_user(prompt)], **kwargs)
+
+        async def gen() -> CompletionResponseAsyncGen:
+            async for response in responses:
+                yield _as_completion(response)
+
+        return gen()
+
+    # -- helpers --------------------------------------------------------------------------
+
+    def _request(self, messages: Sequence[ChatMessage],
+                 kwargs: dict[str, Any]) -> tuple[MemoryEngine, dict[str, Any]]:
+        handed, conversation = _split_memory(messages)
+        options = {"temperature": kwargs.pop("temperature", self.temperature),
+                   "max_tokens": kwargs.pop("max_tokens", self.max_tokens),
+                   "mode": kwargs.pop("mode", self.mode)}
+        if handed is not None:  # facts from InferScaleMemoryBlock: no retrieval here
+            options.update(user_id=handed["user_id"], facts=_facts(handed["facts"]))
+        else:
+            options.update(user_id=kwargs.pop("user_id", self.user_id),
+                           k=kwargs.pop("k", self.k))
+        engine = self.engine if self.engine is not None else default_engine(self.model)
+        request = {"messages": conversation,
+                   **{key: value for key, value in options.items() if value is not None}}
+        return engine, request
+
+
+def _split_memory(messages: Sequence[ChatMessage]
+                  ) -> tuple[dict[str, Any] | None, list[dict[str, str]]]:
+    """Take the memory block's hand-over message out; the rest as OpenAI-style dicts."""
+    handed = None
+    conversation = []
+    for message in messages:
+        if MEMORY_KEY in message.additional_kwargs:
+            handed = message.additional_kwargs[MEMORY_KEY]
+            continue
+        role = ROLES.get(message.role)
+        if role is None:
+            raise ValueError(f"InferScaleLLM cannot take {message.role.value!r} messages: "
+                             "only system, user and assistant (no tools)")
+        conversation.append({"role": role, "content": message.content or ""})
+    return handed, conversation
+
+
+def _facts(items: list[dict[str, Any]]) -> list[ScoredFact]:
+    return [ScoredFact(Fact(item["id"], item["user_id"], item["text"], item["metadata"],
+                            item["created_at"], item["updated_at"]), item["score"])
+            for item in items]
+
+
+def _memory(result: ChatResult) -> dict[str, Any]:
+    return dataclasses.asdict(result.metrics)
+
+
+def _chat_response(result: ChatResult) -> ChatResponse:
+    return ChatResponse(message=ChatMessage(role=MessageRole.ASSISTANT, content=result.text),
+                        raw=result, additional_kwargs={"memory": _memory(result)})
+
+
+def _chat_piece(text: str, piece: ChatChunk) -> ChatResponse:
+    extra = {"memory": _memory(piece.result)} if piece.result is not None else {}
+    return ChatResponse(message=ChatMessage(role=MessageRole.ASSISTANT, content=text),
+                        delta=piece.text, raw=piece.result, additional_kwargs=extra)
+
+
+def _chat_stream(pieces: Iterator[ChatChunk]) -> ChatResponseGen:
+    text = ""
+    for piece in pieces:
+        text += piece.text
+        yield _chat_piece(text, piece)
+
+
+def _as_completion(response: ChatResponse) -> CompletionResponse:
+    return CompletionResponse(text=response.message.content or "", delta=response.delta,
+                              raw=response.raw, additional_kwargs=response.additional_kwargs)
+
+
+def _user(prompt: str) -> ChatMessage:
+    return ChatMessage(role=MessageRole.USER, content=prompt)
+
+

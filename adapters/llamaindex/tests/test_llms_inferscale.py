@@ -1,0 +1,68 @@
+"""InferScaleLLM on the real engine: chat, complete, streaming and async, with memory."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+from llama_index.core.base.llms.types import ChatMessage, ChatResponse
+
+from inferscale_memory import MemoryEngine
+from llama_index_inferscale import InferScaleLLM
+
+pytestmark = pytest.mark.engine
+QUESTION = "Where does Caroline live?"
+
+
+def ask(question: str) -> list[ChatMessage]:
+    return [ChatMessage(role="user", content=question)]
+
+
+def memory_of(response: ChatResponse) -> dict:
+    return response.additional_kwargs["memory"]
+
+
+def test_kv_answer_matches_the_text_path(engine: MemoryEngine,
+                                         block_fact: Callable[[str], str]) -> None:
+    fact = engine.memory.add(block_fact("Caroline moved to Berlin in May 2023."),
+                             user_id="li-exact")
+    llm = InferScaleLLM(engine=engine, user_id="li-exact", k=1, max_tokens=16)
+    engine.reset_prefix_cache()
+    llm.chat(ask(QUESTION), mode="text")  # warms vLLM's prefix cache with header + fact
+    text = llm.chat(ask(QUESTION), mode="text")
+    kv = llm.chat(ask(QUESTION))
+    assert memory_of(kv)["fact_ids"] == [fact.id]
+    assert memory_of(kv)["injected_tokens"] == engine.runtime.block_size
+    assert memory_of(text)["injected_tokens"] == 0
+    assert kv.message.content == text.message.content
+
+
+def test_complete_and_stream_carry_the_memory_metrics(engine: MemoryEngine) -> None:
+    engine.memory.add("Ann plays the cello.", user_id="li-sync")
+    llm = InferScaleLLM(engine=engine, user_id="li-sync", max_tokens=8)
+    completion = llm.complete("What does Ann play?")
+    assert completion.text and completion.additional_kwargs["memory"]["injected_tokens"] > 0
+    responses = list(llm.stream_chat(ask("What does Ann play?")))
+    assert responses[-1].message.content == "".join(r.delta for r in responses)
+    assert memory_of(responses[-1])["injected_tokens"] > 0
+    assert responses[-1].message.content == completion.text
+
+
+async def test_async_variants(engine: MemoryEngine) -> None:
+    engine.memory.add("Eve's favourite colour is green.", user_id="li-async")
+    llm = InferScaleLLM(engine=engine, user_id="li-async", max_tokens=8)
+    response = await llm.achat(ask("What is Eve's favourite colour?"))
+    assert memory_of(response)["injected_tokens"] > 0
+    stream = await llm.astream_chat(ask("What is Eve's favourite colour?"))
+    pieces = [piece async for piece in stream]
+    assert pieces[-1].message.content == response.message.content
+    completion = await llm.acomplete("What is Eve's favourite colour?")
+    assert completion.text == response.message.content
+    deltas = [c.delta async for c in await llm.astream_complete("What is Eve's colour?")]
+    assert deltas
+
+
+def test_without_user_or_facts_there_is_no_memory(engine: MemoryEngine) -> None:
+    for user in (None, "li-new-user"):
+        response = InferScaleLLM(engine=engine, user_id=user, max_tokens=4).chat(ask("Hi"))
+        assert memory_of(response)["injected_tokens"] == 0 and response.message.content

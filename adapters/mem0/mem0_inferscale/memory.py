@@ -1,0 +1,111 @@
+"""Mem0 on an inferscale-memory engine: configuration, attaching, and answering."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from mem0 import Memory
+from mem0.configs.base import mem0_dir
+
+from inferscale_memory import ChatResult, Fact, MemoryEngine, ScoredFact
+from mem0_inferscale.vector_store import InferScaleVectorStore
+
+EXTRACTION_MAX_TOKENS = 512
+
+
+def mem0_config(engine: MemoryEngine, *, vector_store: dict[str, Any] | None = None,
+                history_db_path: str | None = None, folder: str | None = None,
+                **extra: Any) -> dict[str, Any]:
+    """A Mem0 config that runs fully offline on ``engine``.
+
+    Mem0's own ``"langchain"`` providers carry the engine: fact extraction uses
+    :class:`~langchain_inferscale.ChatInferScale` (no memory of its own), embeddings use
+    :class:`~langchain_inferscale.InferScaleEmbeddings` (the engine's all-MiniLM-L6-v2).
+    The vector store defaults to Mem0's qdrant in local mode under ``folder``.
+
+    Args:
+        engine: The engine for extraction (and, after :func:`attach`, the facts' KV).
+        vector_store: Mem0's ``vector_store`` section; its dimension must be 384.
+        history_db_path: Mem0's history database.
+        folder: Where the defaults live (default ``$MEM0_DIR/inferscale``).
+        **extra: Other Mem0 config keys (``custom_instructions``, ``reranker``, ...).
+    """
+    from langchain_inferscale import ChatInferScale, InferScaleEmbeddings
+
+    folder = folder or os.path.join(mem0_dir, "inferscale")
+    extractor = ChatInferScale(engine=engine, max_tokens=EXTRACTION_MAX_TOKENS)
+    return {
+        "llm": {"provider": "langchain", "config": {"model": extractor}},
+        "embedder": {"provider": "langchain", "config": {"model": InferScaleEmbeddings()}},
+        "vector_store": vector_store or {"provider": "qdrant", "config": {
+            "collection_name": "mem0", "embedding_model_dims": 384,
+            "path": os.path.join(folder, "qdrant"), "on_disk": True}},
+        "history_db_path": history_db_path or os.path.join(folder, "history.db"),
+        **extra,
+    }
+
+
+def attach(memory: Memory, engine: MemoryEngine) -> Memory:
+    """Have every fact ``memory`` stores keep its KV on ``engine`` (from now on).
+
+    Wraps ``memory.vector_store`` in an :class:`InferScaleVectorStore`; idempotent.
+    Facts stored before attaching get their KV on their first answer (recomputed from
+    text, then recaptured) or by :func:`warm`.
+    """
+    if not isinstance(memory.vector_store, InferScaleVectorStore):
+        memory.vector_store = InferScaleVectorStore(memory.vector_store, engine)
+    return memory
+
+
+def from_engine(engine: MemoryEngine, **config: Any) -> Memory:
+    """A Mem0 ``Memory`` on ``engine``: :func:`mem0_config` plus :func:`attach`.
+
+    Example:
+        >>> memory = from_engine(engine)                              # doctest: +SKIP
+        >>> memory.add("I moved to Berlin.", user_id="caroline", infer=False)
+        >>> answer(memory, "Where do I live?", user_id="caroline").text
+    """
+    return attach(Memory.from_config(mem0_config(engine, **config)), engine)
+
+
+def answer(memory: Memory, query: str, *, user_id: str, k: int = 10, mode: str = "kv",
+           messages: Sequence[dict[str, Any]] = (), filters: dict[str, Any] | None = None,
+           **options: Any) -> ChatResult:
+    """Answer ``query`` with Mem0's search results for ``user_id`` injected as KV.
+
+    Args:
+        memory: A Mem0 ``Memory`` after :func:`attach`.
+        query: The user's question (also Mem0's search query).
+        user_id: Whose memories to search and inject.
+        k: Memories to retrieve (Mem0's ``top_k``).
+        mode: ``"kv"`` injects the facts' KV, ``"text"`` prefills their text (A/B).
+        messages: Earlier turns, OpenAI-style, before the question.
+        filters: More Mem0 search filters (``agent_id``, metadata, ...).
+        **options: ``max_tokens``, ``temperature``, ``stop``, ``logprobs``, ``seed``.
+
+    Returns:
+        The engine's :class:`~inferscale_memory.ChatResult` (text and metrics).
+    """
+    store = memory.vector_store
+    if not isinstance(store, InferScaleVectorStore):
+        raise TypeError("answer() needs a Memory on an engine: use from_engine() or attach()")
+    found = memory.search(query, top_k=k, filters={**(filters or {}), "user_id": user_id})
+    facts = [ScoredFact(Fact(hit["id"], user_id, hit["memory"], {}, 0.0, 0.0),
+                        float(hit.get("score") or 0.0)) for hit in found["results"]]
+    conversation = [*messages, {"role": "user", "content": query}]
+    return store.engine.answer(conversation, facts, user_id=user_id, mode=mode, **options)
+
+
+def warm(memory: Memory, *, user_id: str) -> int:
+    """Capture the KV of all of ``user_id``'s Mem0 memories now; returns how many."""
+    store = memory.vector_store
+    if not isinstance(store, InferScaleVectorStore):
+        raise TypeError("warm() needs a Memory on an engine: use from_engine() or attach()")
+    rows = store.inner.list(filters={"user_id": user_id}, top_k=100_000)
+    rows = rows[0] if rows and isinstance(rows[0], list | tuple) else rows
+    facts = [Fact(str(r.id), user_id, r.payload["data"], {}, 0.0, 0.0) for r in rows
+             if r.payload and r.payload.get("data")]
+    store.engine.arun(store.engine.memory.capture(user_id, facts))
+    return len(facts)

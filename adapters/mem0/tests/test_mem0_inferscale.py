@@ -1,0 +1,104 @@
+"""Real Mem0 (local mode: qdrant on disk, SQLite history) on the real engine."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from mem0 import Memory
+from mem0.exceptions import LLMError
+
+import mem0_inferscale
+from inferscale_memory import Fact, MemoryEngine
+from mem0_inferscale import InferScaleVectorStore
+
+pytestmark = pytest.mark.engine
+QUESTION = "Where does Caroline live?"
+
+
+@pytest.fixture
+def memory(engine: MemoryEngine, tmp_path: Path) -> Iterator[Memory]:
+    memory = mem0_inferscale.from_engine(engine, folder=str(tmp_path))
+    yield memory
+    memory.vector_store.client.close()  # the local qdrant (the wrapper passes it through)
+    memory.close()
+
+
+def kv_is_missing(engine: MemoryEngine, user_id: str, texts: dict[str, str]) -> list[str]:
+    """Ids (of ``{id: text}``) whose KV the engine does not hold: an answer recomputes them.
+
+    One answer per fact: the KV of the facts after a missing one in the prompt is
+    recomputed too, so a shared answer would not tell which one was missing.
+    """
+    missing = []
+    for fact_id, text in texts.items():
+        fact = Fact(fact_id, user_id, text, {}, 0.0, 0.0)
+        result = engine.answer([{"role": "user", "content": "ok"}], [fact], user_id=user_id,
+                               max_tokens=1)
+        if result.metrics.recomputed_fact_ids:
+            missing.append(fact_id)
+            engine.wait_for_background()  # the engine recaptures it: undo that
+            engine.drop_kv(user_id, [fact_id])
+    return missing
+
+
+def test_answer_injects_what_mem0_stored(memory: Memory, engine: MemoryEngine,
+                                         block_fact: Callable[[str], str]) -> None:
+    assert isinstance(memory.vector_store, InferScaleVectorStore)
+    added = memory.add(block_fact("Caroline moved to Berlin in May 2023."),
+                       user_id="m0-exact", infer=False)
+    memory_id = added["results"][0]["id"]
+    options = dict(user_id="m0-exact", k=1, max_tokens=16)
+    engine.reset_prefix_cache()
+    mem0_inferscale.answer(memory, QUESTION, mode="text", **options)  # warm prefix cache
+    text = mem0_inferscale.answer(memory, QUESTION, mode="text", **options)
+    kv = mem0_inferscale.answer(memory, QUESTION, **options)
+    assert kv.metrics.fact_ids == [memory_id]
+    assert kv.metrics.injected_tokens == engine.runtime.block_size
+    assert kv.metrics.recomputed_fact_ids == []  # captured when Mem0 stored it
+    assert kv.token_ids == text.token_ids
+
+
+def test_update_recaptures_and_delete_evicts(memory: Memory, engine: MemoryEngine) -> None:
+    user = "m0-crud"
+    first, second = (memory.add(text, user_id=user, infer=False)["results"][0]["id"]
+                     for text in ("Liam lives in Oslo.", "Liam has a cat."))
+    memory.update(first, text="Liam lives in Rome.")
+    reply = mem0_inferscale.answer(memory, "Where does Liam live?", user_id=user, k=1,
+                                   max_tokens=4)
+    assert reply.metrics.fact_ids == [first] and reply.metrics.recomputed_fact_ids == []
+    assert reply.facts[0].fact.text == "Liam lives in Rome."
+    assert [e["event"] for e in memory.history(first)] == ["ADD", "UPDATE"]
+
+    memory.delete(second)
+    texts = {first: "Liam lives in Rome.", second: "Liam has a cat."}
+    assert kv_is_missing(engine, user, texts) == [second]
+    assert [m["id"] for m in memory.get_all(filters={"user_id": user})["results"]] == [first]
+    memory.delete_all(user_id=user)
+    assert memory.get_all(filters={"user_id": user})["results"] == []
+    assert kv_is_missing(engine, user, {first: texts[first]}) == [first]
+    assert [e["event"] for e in memory.history(second)] == ["ADD", "DELETE"]
+
+
+def test_search_and_get_keep_mem0_behaviour(memory: Memory) -> None:
+    added = memory.add([{"role": "user", "content": "Ann plays the cello."},
+                        {"role": "user", "content": "Ann lives in Porto."}],
+                       user_id="m0-read", metadata={"source": "chat"}, infer=False)
+    ids = [r["id"] for r in added["results"]]
+    found = memory.search("What instrument does Ann play?", top_k=1,
+                          filters={"user_id": "m0-read"})["results"]
+    assert found[0]["id"] == ids[0] and found[0]["memory"] == "Ann plays the cello."
+    assert memory.get(ids[1])["metadata"]["source"] == "chat"
+    assert memory.search("cello", filters={"user_id": "m0-nobody"})["results"] == []
+
+
+def test_fact_extraction_runs_on_the_engine(memory: Memory) -> None:
+    reply = memory.llm.generate_response(messages=[
+        {"role": "system", "content": "Answer in one word."},
+        {"role": "user", "content": "What colour is the sky?"}])
+    assert isinstance(reply, str) and reply
+    # Mem0's extraction prompt alone is about 8,700 tokens: more than SmolLM2's context,
+    # so with the embedded model infer=True stops with the engine's own error.
+    with pytest.raises(LLMError, match="exceeds the context"):
+        memory.add("Hi, I am Dana and I love hiking.", user_id="m0-infer")

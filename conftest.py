@@ -1,0 +1,58 @@
+"""Shared fixtures: one real vLLM engine with the embedded default model per session.
+
+Starting the engine takes about a minute on a 2-core CPU, so every engine test (``tests/``
+and the framework adapters' tests under ``adapters/``) shares it and works with its own
+user ids. This file sits at the root so that both trees see the same fixture.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+if TYPE_CHECKING:
+    from inferscale_memory import MemoryEngine
+
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+
+
+@pytest.fixture(scope="session")
+def engine_store_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("engine") / "memory.sqlite"
+
+
+@pytest.fixture(scope="session")
+def engine(engine_store_path: Path) -> Iterator[MemoryEngine]:
+    from inferscale_memory import MemoryEngine
+
+    kv_cache_gb = int(os.environ.get("INFERSCALE_TEST_KV_CACHE_GB", "2"))
+    with MemoryEngine(store_path=str(engine_store_path), kv_cache_gb=kv_cache_gb,
+                      max_model_len=4096) as shared:
+        yield shared
+
+
+@pytest.fixture(scope="session")
+def block_fact(engine: MemoryEngine) -> Callable[[str], str]:
+    """Pads a sentence so that header + fact fill exactly one KV block.
+
+    The text path then finds header + fact in vLLM's prefix cache (after a warm-up call),
+    so it computes the rest of the prompt in the same chunk as the KV path, and greedy
+    answers of the two paths are token-identical (see ``tests/test_engine.py``).
+    """
+    target = engine.runtime.block_size - len(engine.builder.header_ids)
+    filler = ["and", "she", "keeps", "a", "small", "notebook", "about", "it"]
+
+    def pad(sentence: str) -> str:
+        words = sentence.rstrip(".").split()
+        for extra in range(400):
+            for oks in range(4):
+                text = " ".join(words + (filler * 60)[:extra]) + " ok" * oks + "."
+                if len(engine.builder.fact_ids(text)) == target:
+                    return text
+        raise AssertionError("no padding reaches the block boundary")
+
+    return pad

@@ -1,0 +1,173 @@
+"""``inferscale-memory bench ...``: the benchmark subcommands and their arguments.
+
+Heavy imports (vLLM, torch) happen only when a subcommand runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from inferscale_memory.bench.run_folder import RunFolder
+    from inferscale_memory.engine import MemoryEngine
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}") from None
+
+
+def _names(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def add_bench_parser(commands: Any) -> None:
+    """Add ``bench`` and its workloads to the top-level subparsers."""
+    bench = commands.add_parser("bench", help="benchmarks (each writes a run folder)")
+    workloads = bench.add_subparsers(dest="workload", required=True)
+    out_help = "run folder (default runs/<workload>-<time>)"
+
+    locomo = workloads.add_parser("locomo", help="LoCoMo answer quality and latency, KV vs text")
+    locomo.add_argument("--dataset", type=Path, required=True,
+                        help="LoCoMo-format JSON (e.g. locomo10.json; CC BY-NC, not shipped)")
+    locomo.add_argument("--k", type=_ints, default=[5, 10, 20, 50],
+                        help="comma-separated k values (0 = no memory)")
+    locomo.add_argument("--limit", type=int, default=None, help="questions per conversation")
+    locomo.add_argument("--conversations", type=_names, default=None,
+                        help="comma-separated indices or sample ids (default: all)")
+    locomo.add_argument("--seed", type=int, default=0, help="seed of the question subset")
+    locomo.add_argument("--memory", choices=("observations", "turns"), default="observations",
+                        help="memory unit: per-session observations or dialogue turns")
+    locomo.add_argument("--max-tokens", type=int, default=32, help="answer length cap")
+    locomo.add_argument("--resume", action="store_true",
+                        help="continue the run in --out, skipping requests already recorded")
+
+    ttft = workloads.add_parser("ttft", help="TTFT of text vs KV over k, random facts")
+    ttft.add_argument("--k", type=_ints, default=[0, 10, 20, 40])
+    ttft.add_argument("--trials", type=int, default=5)
+    ttft.add_argument("--fact-words", type=int, default=16)
+    ttft.add_argument("--seed", type=int, default=0)
+    ttft.add_argument("--warmup", type=int, default=5,
+                      help="rounds of both paths at every k before measuring")
+
+    throughput = workloads.add_parser("throughput", help="requests/s and TTFT under load")
+    throughput.add_argument("--concurrency", type=_ints, default=[1, 4, 8, 16])
+    throughput.add_argument("--k", type=int, default=10)
+    throughput.add_argument("--output-len", type=int, default=32,
+                            help="answer length cap (tokens)")
+    throughput.add_argument("--loop-requests", type=int, default=3,
+                            help="closed loop: requests per client")
+    throughput.add_argument("--duration", type=float, default=None,
+                            help="closed loop: run for this many seconds instead")
+    throughput.add_argument("--fact-words", type=int, default=16)
+    throughput.add_argument("--seed", type=int, default=0)
+
+    for parser in (locomo, ttft, throughput):
+        parser.add_argument("--model", default=None, help="Hugging Face model folder")
+        parser.add_argument("--out", type=Path, default=None, help=out_help)
+        parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+    compare = workloads.add_parser("compare", help="differences between two runs' summaries")
+    compare.add_argument("run_a", type=Path)
+    compare.add_argument("run_b", type=Path)
+    compare.add_argument("--only", default="", metavar="TEXT",
+                         help="keep the keys that contain TEXT (e.g. requests_per_s)")
+    report = workloads.add_parser("report", help="rewrite a run folder's report and plots")
+    report.add_argument("run", type=Path)
+    _add_synthetic(workloads)
+
+
+def _add_synthetic(workloads: Any) -> None:
+    synthetic = workloads.add_parser(
+        "synthetic", help="token-level TTFT/throughput on a model shape with dummy weights")
+    synthetic.add_argument("--shape", default="llama-3.1-8b")
+    synthetic.add_argument("--k", default="0,10,20,50,100")
+    synthetic.add_argument("--trials", type=int, default=10)
+    synthetic.add_argument("--concurrency", type=int, default=64)
+    synthetic.add_argument("--output-len", type=int, default=32)
+    synthetic.add_argument("--workdir", type=Path, default=Path("runs"))
+    synthetic.add_argument("--gpu-memory-utilization", type=float, default=0.7,
+                           help="vLLM's share of GPU memory (the fact KV pool lives outside)")
+    synthetic.add_argument("--out", type=Path, default=None, help="write the report as JSON")
+    synthetic.add_argument("--connector-timing", action="store_true",
+                           help="log the connector's load steps and report their median time")
+
+
+@contextlib.contextmanager
+def _engine(model: str | None) -> Iterator[MemoryEngine]:
+    """An engine with a throw-away fact store (benchmarks never touch the user's store)."""
+    from inferscale_memory.engine import MemoryEngine
+
+    with tempfile.TemporaryDirectory() as tmp, MemoryEngine(
+            model, store_path=str(Path(tmp) / "bench.sqlite")) as engine:
+        yield engine
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    """Run the ``bench`` subcommand that ``args`` names."""
+    if args.workload == "compare":
+        from inferscale_memory.bench.compare import format_differences
+        from inferscale_memory.bench.run_folder import load_summary
+
+        print(format_differences(load_summary(args.run_a), load_summary(args.run_b),
+                                 args.only))
+        return 0
+    if args.workload == "report":
+        from inferscale_memory.bench.report import write_report
+        from inferscale_memory.bench.run_folder import RunFolder
+
+        for path in write_report(RunFolder(args.run)):
+            print(path)
+        return 0
+    if args.workload == "synthetic":
+        return _synthetic(args)
+    from inferscale_memory.bench import commands
+
+    with _engine(args.model) as engine:
+        progress = not args.no_progress
+        if args.workload == "locomo":
+            run = commands.bench_locomo(
+                engine, args.dataset, args.k, limit=args.limit, conversations=args.conversations,
+                seed=args.seed, memory=args.memory, max_tokens=args.max_tokens, out=args.out,
+                resume=args.resume, progress=progress)
+        elif args.workload == "ttft":
+            run = commands.bench_ttft(engine, args.k, trials=args.trials,
+                                      fact_words=args.fact_words, seed=args.seed,
+                                      warmup=args.warmup, out=args.out, progress=progress)
+        else:
+            run = commands.bench_throughput(
+                engine, args.concurrency, k=args.k, output_len=args.output_len,
+                loop_requests=args.loop_requests, duration=args.duration,
+                fact_words=args.fact_words, seed=args.seed, out=args.out, progress=progress)
+    _print_run(run)
+    return 0
+
+
+def _print_run(run: RunFolder) -> None:
+    from inferscale_memory.bench.report import TABLES
+
+    summary = run.summary()
+    print(TABLES[summary["workload"]](summary))
+    print(f"\nrun folder: {run.path} (report.md, summary.json, requests.jsonl, plots)")
+
+
+def _synthetic(args: argparse.Namespace) -> int:
+    from inferscale_memory.bench.synthetic import format_report, run_synthetic
+
+    report = run_synthetic(args.shape, [int(k) for k in args.k.split(",")], args.trials,
+                           args.concurrency, args.output_len, args.workdir,
+                           connector_timing=args.connector_timing,
+                           gpu_memory_utilization=args.gpu_memory_utilization)
+    if args.out is not None:
+        args.out.write_text(json.dumps(report, indent=2))
+    print(format_report(report))
+    return 0

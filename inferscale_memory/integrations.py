@@ -1,0 +1,112 @@
+"""Helpers for framework adapters (LangChain, LlamaIndex, Mem0, your own).
+
+A framework object either gets a :class:`~inferscale_memory.MemoryEngine` or shares one
+default engine per model in the process (:func:`default_engine`). The engine runs on a
+private event loop; frameworks call from their own loops, so :func:`on_engine` and
+:func:`iterate_on_engine` carry coroutines and async generators across.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import threading
+from collections.abc import AsyncIterator, Coroutine, Iterator
+from typing import Any, TypeVar
+
+from inferscale_memory.engine import MemoryEngine
+from inferscale_memory.errors import UnknownUserError
+from inferscale_memory.results import ChatChunk, ChatResult
+
+T = TypeVar("T")
+_DONE = object()
+_default_engines: dict[str | None, MemoryEngine] = {}
+_lock = threading.Lock()
+
+
+def default_engine(model: str | None = None) -> MemoryEngine:
+    """The process-wide engine for ``model`` (``None``: the embedded default), started on
+    first use and closed at exit."""
+    with _lock:
+        if model not in _default_engines:
+            engine = MemoryEngine(model)
+            atexit.register(engine.close)
+            _default_engines[model] = engine
+        return _default_engines[model]
+
+
+async def on_engine(engine: MemoryEngine, coro: Coroutine[Any, Any, T]) -> T:
+    """Await ``coro`` on the engine's loop from whatever loop the caller runs on."""
+    if asyncio.get_running_loop() is engine.runtime.loop:
+        return await coro
+    return await asyncio.wrap_future(engine.runtime.submit(coro))
+
+
+async def iterate_on_engine(engine: MemoryEngine, agen: AsyncIterator[T]) -> AsyncIterator[T]:
+    """Iterate an async generator of the engine from another loop, one item at a time;
+    the generator is closed on the engine's loop when the caller stops early."""
+
+    async def step() -> Any:
+        try:
+            return await agen.__anext__()
+        except StopAsyncIteration:
+            return _DONE
+
+    async def close() -> None:
+        await agen.aclose()  # type: ignore[attr-defined]
+
+    try:
+        while (item := await on_engine(engine, step())) is not _DONE:
+            yield item
+    finally:
+        await on_engine(engine, close())
+
+
+# -- answers for users who may have no memory yet ------------------------------------------
+# Frameworks create a chat model for a user before the user has any fact; such a user is
+# answered without memory instead of failing (``request``: keyword arguments of
+# :meth:`MemoryEngine.achat`, ``messages`` included).
+
+
+async def achat_or_plain(engine: MemoryEngine, request: dict[str, Any],
+                         timeout: float | None = None) -> ChatResult:
+    """:meth:`MemoryEngine.achat` from any loop, within ``timeout`` seconds; a user without
+    facts yet gets none."""
+
+    async def answer(options: dict[str, Any]) -> ChatResult:
+        return await asyncio.wait_for(engine.achat(**options), timeout)
+
+    try:
+        return await on_engine(engine, answer(request))
+    except UnknownUserError:
+        return await on_engine(engine, answer({**request, "user_id": None}))
+
+
+def stream_or_plain(engine: MemoryEngine, request: dict[str, Any]) -> Iterator[ChatChunk]:
+    """:meth:`MemoryEngine.stream_chat`; a user without facts yet (known before the first
+    chunk) gets none."""
+    started = False
+    try:
+        for piece in engine.stream_chat(**request):
+            started = True
+            yield piece
+    except UnknownUserError:
+        if started:
+            raise
+        yield from engine.stream_chat(**{**request, "user_id": None})
+
+
+async def astream_or_plain(engine: MemoryEngine,
+                           request: dict[str, Any]) -> AsyncIterator[ChatChunk]:
+    """:func:`stream_or_plain` for async callers on any loop."""
+    started = False
+    try:
+        async for piece in iterate_on_engine(engine, engine.astream_chat(**request)):
+            started = True
+            yield piece
+    except UnknownUserError:
+        if started:
+            raise
+        fallback = engine.astream_chat(**{**request, "user_id": None})
+        async for piece in iterate_on_engine(engine, fallback):
+            yield piece
