@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,15 +15,26 @@ pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(shutil.which("nvidia-smi") is None, reason="needs CUDA")]
 
 
-def test_fact_injected_where_captured_matches_vllms_prefix_cache(tmp_path: Path) -> None:
+def _gpus() -> int:
+    listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True)
+    return sum(line.startswith("GPU ") for line in listing.stdout.splitlines())
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_fact_injected_where_captured_matches_vllms_prefix_cache(tmp_path: Path,
+                                                                   tp: int) -> None:
+    """With tensor parallelism each rank captures and injects its own KV heads."""
     from inferscale_memory.bench.synthetic import (
         SyntheticWorkload,
         dummy_runtime,
         write_dummy_model,
     )
 
+    if _gpus() < tp:
+        pytest.skip(f"needs {tp} GPUs")
     runtime = dummy_runtime(write_dummy_model(tmp_path / "model", "llama-tiny"),
-                            gpu_memory_utilization=0.3, max_model_len=2048)
+                            gpu_memory_utilization=0.3, max_model_len=2048,
+                            tensor_parallel_size=tp)
     try:
         block = runtime.block_size
         work = SyntheticWorkload(runtime, vocab=32000, header_len=block, fact_len=block,
@@ -104,9 +117,6 @@ print("FUSED OK, max ulp difference of rotated keys:", int(ulps))
 def test_fused_kernel_matches_the_portable_path_on_cuda() -> None:
     """bf16 on CUDA: values and unmoved keys bit-identical, rotated keys within 1 ulp
     (the kernel may contract multiply-adds; the interpreter test checks the rest)."""
-    import subprocess
-    import sys
-
     done = subprocess.run([sys.executable, "-c", FUSED_CHECK], capture_output=True,
                           text=True, cwd=Path(__file__).resolve().parents[1], timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]

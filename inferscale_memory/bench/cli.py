@@ -98,6 +98,7 @@ def _add_synthetic(workloads: Any) -> None:
     synthetic.add_argument("--gpu-memory-utilization", type=float, default=0.7,
                            help="vLLM's share of GPU memory (the fact KV pool lives outside)")
     synthetic.add_argument("--out", type=Path, default=None, help="write the report as JSON")
+    synthetic.add_argument("--tensor-parallel-size", type=int, default=1)
     synthetic.add_argument("--connector-timing", action="store_true",
                            help="log the connector's load steps and report their median time")
 
@@ -166,7 +167,8 @@ def _synthetic(args: argparse.Namespace) -> int:
     report = run_synthetic(args.shape, [int(k) for k in args.k.split(",")], args.trials,
                            args.concurrency, args.output_len, args.workdir,
                            connector_timing=args.connector_timing,
-                           gpu_memory_utilization=args.gpu_memory_utilization)
+                           gpu_memory_utilization=args.gpu_memory_utilization,
+                           tensor_parallel_size=args.tensor_parallel_size)
     if args.out is not None:
         args.out.write_text(json.dumps(report, indent=2))
     print(format_report(report))
