@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -84,9 +85,14 @@ def cache_salt(tenant: str, layout: str) -> str:
     return f"inferscale-{digest[:40]}"
 
 
-def token_digest(token_ids: Sequence[int]) -> str:
-    """A digest of a span's token ids; the scheduler checks it before any load."""
-    return hashlib.blake2b(json.dumps(list(token_ids)).encode(), digest_size=16).hexdigest()
+def token_digest(token_ids: Sequence[int]) -> bytes:
+    """A digest of a span's token ids; the scheduler checks it before any load.
+
+    Token ids are packed as 64-bit integers (vLLM has checked them against the vocabulary
+    before the connector sees them); a few microseconds per fact, as the scheduler
+    checks every fact of every request it schedules.
+    """
+    return hashlib.blake2b(array("q", token_ids).tobytes(), digest_size=16).digest()
 
 
 def parse_params(raw: Mapping[str, Any] | None, prompt_len: int) -> RequestParams | None:

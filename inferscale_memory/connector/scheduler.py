@@ -42,7 +42,7 @@ class RequestLike(Protocol):
 class Registered:
     """What the scheduler knows of a captured fact."""
 
-    digest: str  # token_digest of the captured tokens
+    digest: bytes  # token_digest of the captured tokens
     length: int  # number of tokens
 
 
@@ -81,6 +81,7 @@ class SchedulerSide:
         self._errors: dict[str, str] = {}
         self._captures: dict[str, _CaptureTrack] = {}
         self._reports: dict[str, _Report] = {}
+        self._plans: dict[str, InjectionPlan] = {}  # matched, not yet allocated
         # The request whose capture of a key the workers' pool holds last (see finished).
         self._capturer: dict[FactKey, str] = {}
         self._next = StepPlan()
@@ -93,7 +94,7 @@ class SchedulerSide:
         params = self._request_params(request)
         if params is None or not params.inject:
             return 0
-        plan = self._plan_injection(request, params)
+        plan = self._plans[request.request_id] = self._plan_injection(request, params)
         return plan.claim(num_computed)
 
     def after_alloc(self, request: RequestLike, block_ids: list[int], num_external: int) -> None:
@@ -104,7 +105,9 @@ class SchedulerSide:
         if params is None:
             return
         if params.inject:
-            plan = self._plan_injection(request, params)
+            # As matched just before in the same scheduling pass (the registry only
+            # changes between steps).
+            plan = self._plans.pop(req_id, None) or self._plan_injection(request, params)
             report.missing = [[s.key.ns, s.key.name] for s in plan.missing]
             report.injected_tokens = num_external
             if num_external > 0:
@@ -154,6 +157,7 @@ class SchedulerSide:
             self.registry[key] = Registered(token_digest(tokens), len(tokens))
             captured.append([key.ns, key.name])
         self._params.pop(req_id, None)
+        self._plans.pop(req_id, None)
         self._errors.pop(req_id, None)
         report = self._reports.pop(req_id, None)
         if report is None and not captured:
