@@ -1,4 +1,4 @@
-"""The ``inferscale-memory`` command: prepare, demo, bench, serve."""
+"""The ``inferscale-memory`` command: prepare, demo, bench, serve, migrate-index."""
 
 from __future__ import annotations
 
@@ -37,6 +37,31 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--api-keys", type=Path, default=None, metavar="FILE",
                        help="JSON {key: [tenants] or \"*\"} (default: $INFERSCALE_API_KEYS)")
+    index = workloads.add_parser("index", help="search latency of the exact vs Qdrant index")
+    index.add_argument("--facts", type=int, nargs="+", default=[10000, 100000],
+                       help="collection sizes (random unit vectors)")
+    index.add_argument("--backends", default="exact,qdrant-memory,qdrant-path",
+                       help="comma-separated: exact, qdrant-memory, qdrant-path")
+    index.add_argument("--dim", type=int, default=384, help="vector size (the embedder's)")
+    index.add_argument("--users", type=int, default=1, help="tenants the facts are spread over")
+    index.add_argument("--queries", type=int, default=50)
+    index.add_argument("--k", type=int, default=10)
+    index.add_argument("--seed", type=int, default=0)
+    index.add_argument("--out", type=Path, default=None, help="write the rows as JSON")
+    migrate = commands.add_parser(
+        "migrate-index", help="copy a fact store's vectors into a Qdrant collection (idempotent)")
+    migrate.add_argument("--to", choices=["qdrant"], required=True, help="the index backend")
+    migrate.add_argument("--config", type=Path, default=None,
+                         help="JSON config file (INFERSCALE_* env and these flags override it)")
+    migrate.add_argument("--store", default=None, help="SQLite fact store (default: store_path)")
+    target = migrate.add_mutually_exclusive_group()
+    target.add_argument("--qdrant-path", default=None,
+                        help="embedded Qdrant folder (default: <store>.qdrant)")
+    target.add_argument("--qdrant-url", default=None, help="Qdrant server, e.g. http://host:6333")
+    migrate.add_argument("--qdrant-api-key", default=None,
+                         help="server API key (better: $INFERSCALE_QDRANT_API_KEY)")
+    migrate.add_argument("--collection", default=None,
+                         help="Qdrant collection (default: inferscale_facts)")
     synthetic = workloads.add_parser(
         "synthetic", help="token-level TTFT/throughput on a model shape with dummy weights")
     synthetic.add_argument("--shape", default="llama-3.1-8b")
@@ -74,6 +99,21 @@ def _run(args: argparse.Namespace) -> int:
         from inferscale_memory.server import serve
 
         serve(args.model, args.host, args.port, args.api_keys)
+    elif args.command == "migrate-index":
+        from inferscale_memory.store.migrate import migrate_to_qdrant
+
+        config = MemoryConfig.load(
+            args.config, index=args.to, store_path=args.store, qdrant_path=args.qdrant_path,
+            qdrant_url=args.qdrant_url, qdrant_api_key=args.qdrant_api_key,
+            qdrant_collection=args.collection)
+        print(migrate_to_qdrant(config))
+    elif args.workload == "index":
+        from inferscale_memory.bench.index import format_table, run_index_bench
+
+        rows = run_index_bench(args.facts, args.backends.split(","), dim=args.dim,
+                               users=args.users, queries=args.queries, k=args.k,
+                               seed=args.seed, out=args.out)
+        print(format_table(rows))
     elif args.workload == "ttft":
         from inferscale_memory.bench.ttft import format_table, run_ttft
 

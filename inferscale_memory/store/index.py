@@ -78,11 +78,11 @@ def check_query(vector: np.ndarray, k: int) -> int:
     return int(k)
 
 
-def top_k(ids: np.ndarray, scores: np.ndarray, k: int) -> list[tuple[str, float]]:
+def top_k(ids: Sequence[str], scores: np.ndarray, k: int) -> list[tuple[str, float]]:
     """Return the ``k`` best ``(id, score)`` pairs, best first, ties by ascending id.
 
     Args:
-        ids: Array of ids (str), one per score.
+        ids: The ids (str), one per score; only the candidates' ids are read.
         scores: Array of scores.
         k: How many to return (fewer if there are fewer).
 
@@ -99,8 +99,9 @@ def top_k(ids: np.ndarray, scores: np.ndarray, k: int) -> list[tuple[str, float]
         cand = np.nonzero(scores >= kth)[0]
     else:
         cand = np.arange(n)
-    order = np.lexsort((ids[cand], -scores[cand]))[:k]
-    return [(str(ids[cand[i]]), float(scores[cand[i]])) for i in order]
+    cand_ids = np.array([ids[i] for i in cand])
+    order = np.lexsort((cand_ids, -scores[cand]))[:k]
+    return [(str(cand_ids[i]), float(scores[cand[i]])) for i in order]
 
 
 class VectorIndex(ABC):
@@ -268,8 +269,7 @@ class ExactIndex(VectorIndex):
                 return []
             query = normalize_rows(vector, self._dim)[0]
             scores = user.buf[: user.n] @ query
-            ids = np.array(user.ids)
-        return top_k(ids, scores, k)
+            return top_k(user.ids, scores, k)
 
     def count(self, user_id: str) -> int:
         with self._lock:

@@ -49,9 +49,7 @@ def open_index(config: MemoryConfig, dim: int | None = None) -> VectorIndex:
     if config.index == "qdrant":
         from inferscale_memory.store.qdrant import QdrantIndex
 
-        return QdrantIndex(config.resolved_qdrant_path, url=config.qdrant_url,
-                           api_key=config.qdrant_api_key, collection=config.qdrant_collection,
-                           dim=dim)
+        return QdrantIndex.from_config(config, dim)
     return ExactIndex(dim)
 
 
@@ -124,10 +122,7 @@ class MemoryStore:
 
     def _load_user(self, user_id: str) -> None:
         """Make one user's index entries equal to the file's."""
-        ids, blobs = self._db.embeddings(user_id)
-        if any(len(b) != 4 * self._dim for b in blobs):
-            raise StoreError(f"{self.path} has an embedding of the wrong size for {user_id!r}")
-        matrix = np.frombuffer(b"".join(blobs), dtype="<f4").reshape(len(ids), self._dim)
+        ids, matrix = self._db.embedding_matrix(user_id, self._dim)
         self._index.replace(user_id, ids, matrix)
 
     def _apply_to_index(self, user_id: str, op: Callable[[], None]) -> None:

@@ -29,7 +29,7 @@ import threading
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -46,6 +46,9 @@ from inferscale_memory.store.index import (
     normalize_rows,
     top_k,
 )
+
+if TYPE_CHECKING:
+    from inferscale_memory.config import MemoryConfig
 
 logger = logging.getLogger(__name__)
 
@@ -131,6 +134,7 @@ class QdrantIndex(VectorIndex):
         self._collection = collection
         self._dim = dim
         self._lock = threading.RLock()
+        self._closed = False
         self._local = url is None
         self.location = url if url is not None else os.fspath(path or ":memory:")
         if url is not None:
@@ -148,6 +152,12 @@ class QdrantIndex(VectorIndex):
         except BaseException:
             self._client.close()
             raise
+
+    @classmethod
+    def from_config(cls, config: MemoryConfig, dim: int | None = None) -> QdrantIndex:
+        """The index that ``config``'s ``qdrant_*`` fields name (see ``resolved_qdrant_path``)."""
+        return cls(config.resolved_qdrant_path, url=config.qdrant_url,
+                   api_key=config.qdrant_api_key, collection=config.qdrant_collection, dim=dim)
 
     @staticmethod
     def _open_folder(qdrant: Any, path: str) -> Any:
@@ -302,9 +312,8 @@ class QdrantIndex(VectorIndex):
                 if len(points) < limit or points[-1].score < points[k - 1].score:
                     break
                 limit *= 2
-        ids = np.array([p.payload[FACT_KEY] for p in points])
         scores = np.array([p.score for p in points], dtype=np.float64)
-        return top_k(ids, scores, k)
+        return top_k([p.payload[FACT_KEY] for p in points], scores, k)
 
     def count(self, user_id: str) -> int:
         tenant = self._tenant(user_id)
@@ -364,7 +373,9 @@ class QdrantIndex(VectorIndex):
 
     def close(self) -> None:
         with self._lock:
-            self._client.close()
+            if not self._closed:
+                self._closed = True
+                self._client.close()
 
     def __repr__(self) -> str:
         return f"QdrantIndex(location={self.location!r}, collection={self._collection!r})"
