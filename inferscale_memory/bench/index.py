@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import statistics
 import tempfile
 import time
@@ -122,6 +123,7 @@ def format_table(rows: list[IndexRow]) -> str:
     lines = ["| backend | facts | users | build s | search median ms | search p90 ms "
              "| top-k = exact |", "|---|---|---|---|---|---|---|"]
     for r in rows:
+        same = "n/a" if math.isnan(r.same_as_exact) else f"{r.same_as_exact:.0%}"
         lines.append(f"| {r.backend} | {r.facts} | {r.users} | {r.build_s:.2f} "
-                     f"| {r.median_ms:.2f} | {r.p90_ms:.2f} | {r.same_as_exact:.0%} |")
+                     f"| {r.median_ms:.2f} | {r.p90_ms:.2f} | {same} |")
     return "\n".join(lines)
