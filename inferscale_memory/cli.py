@@ -108,12 +108,12 @@ def _run(args: argparse.Namespace) -> int:
             qdrant_collection=args.collection)
         print(migrate_to_qdrant(config))
     elif args.workload == "index":
-        from inferscale_memory.bench.index import format_table, run_index_bench
+        from inferscale_memory.bench import index as index_bench
 
-        rows = run_index_bench(args.facts, args.backends.split(","), dim=args.dim,
-                               users=args.users, queries=args.queries, k=args.k,
-                               seed=args.seed, out=args.out)
-        print(format_table(rows))
+        index_rows = index_bench.run_index_bench(
+            args.facts, args.backends.split(","), dim=args.dim, users=args.users,
+            queries=args.queries, k=args.k, seed=args.seed, out=args.out)
+        print(index_bench.format_table(index_rows))
     elif args.workload == "ttft":
         from inferscale_memory.bench.ttft import format_table, run_ttft
 

@@ -15,10 +15,14 @@ import logging
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from inferscale_memory.errors import InvalidInputError
+
+if TYPE_CHECKING:
+    from inferscale_memory.config import MemoryConfig
 
 logger = logging.getLogger(__name__)
 
@@ -275,3 +279,17 @@ class ExactIndex(VectorIndex):
         with self._lock:
             user = self._users.get(user_id)
             return 0 if user is None else user.n
+
+
+def open_index(config: MemoryConfig, dim: int | None = None) -> VectorIndex:
+    """Return the vector index that ``config`` names (``index`` and ``qdrant_*``).
+
+    Raises:
+        MissingDependencyError: ``index="qdrant"`` without ``qdrant-client`` installed.
+        StoreError: The Qdrant server cannot be reached or its folder is in use.
+    """
+    if config.index == "qdrant":
+        from inferscale_memory.store.qdrant import QdrantIndex
+
+        return QdrantIndex.from_config(config, dim)
+    return ExactIndex(dim)

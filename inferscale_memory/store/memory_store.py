@@ -30,27 +30,13 @@ import numpy as np
 from inferscale_memory.errors import FactNotFoundError, StoreError, UnknownUserError
 from inferscale_memory.store import _checks
 from inferscale_memory.store.facts import Fact, ScoredFact
-from inferscale_memory.store.index import ExactIndex, VectorIndex
+from inferscale_memory.store.index import ExactIndex, VectorIndex, open_index
 from inferscale_memory.store.sqlite import FactDB
 
 if TYPE_CHECKING:
     from inferscale_memory.config import MemoryConfig
 
 logger = logging.getLogger(__name__)
-
-
-def open_index(config: MemoryConfig, dim: int | None = None) -> VectorIndex:
-    """Return the vector index that ``config`` names (``index`` and ``qdrant_*``).
-
-    Raises:
-        MissingDependencyError: ``index="qdrant"`` without ``qdrant-client`` installed.
-        StoreError: The Qdrant server cannot be reached or its folder is in use.
-    """
-    if config.index == "qdrant":
-        from inferscale_memory.store.qdrant import QdrantIndex
-
-        return QdrantIndex.from_config(config, dim)
-    return ExactIndex(dim)
 
 
 class MemoryStore:

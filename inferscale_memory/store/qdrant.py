@@ -21,24 +21,18 @@ Example:
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import logging
 import os
 import threading
-import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from inferscale_memory.errors import (
-    ConfigError,
-    InvalidInputError,
-    MissingDependencyError,
-    StoreError,
-)
+from inferscale_memory.errors import ConfigError, InvalidInputError, StoreError
+from inferscale_memory.store import _qdrant_schema as schema
+from inferscale_memory.store._qdrant_schema import FACT_KEY, TENANT_KEY, point_id
 from inferscale_memory.store.index import (
     VectorIndex,
     check_ids,
@@ -53,33 +47,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 DEFAULT_COLLECTION = "inferscale_facts"
-INSTALL = "pip install 'inferscale-memory[qdrant]'"
-TENANT_KEY = "tenant"
-FACT_KEY = "fact_id"
-DIGEST_KEY = "digest"
 BATCH = 512  # points per request: well below a server's default 32 MiB request limit
-_POINT_NAMESPACE = uuid.UUID("4f2c0a8e-6d1b-5c3e-9a7f-1b2d3c4e5f60")
-
-
-def _qdrant() -> Any:
-    """The ``qdrant_client`` module, or :class:`MissingDependencyError` naming the extra."""
-    try:
-        import qdrant_client
-    except ImportError as exc:
-        raise MissingDependencyError(
-            f"the Qdrant index needs qdrant-client: {INSTALL} (or set index='exact')"
-        ) from exc
-    return qdrant_client
-
-
-def point_id(user_id: str, fact_id: str) -> str:
-    """The Qdrant point id of one fact of one user: a UUID5, the same on every machine."""
-    return str(uuid.uuid5(_POINT_NAMESPACE, json.dumps([user_id, fact_id])))
-
-
-def vector_digest(vector: np.ndarray) -> str:
-    """A digest of a normalised float32 vector, to tell at load whether a point is current."""
-    return hashlib.blake2b(vector.tobytes(), digest_size=16).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -129,7 +97,7 @@ class QdrantIndex(VectorIndex):
             raise ConfigError("give a Qdrant path (embedded) or url (a server), not both")
         if api_key is not None and url is None:
             raise ConfigError("a Qdrant api_key needs a url (embedded Qdrant has no keys)")
-        qdrant = _qdrant()
+        qdrant = schema.import_qdrant()
         self._models = qdrant.models
         self._collection = collection
         self._dim = dim
@@ -145,10 +113,7 @@ class QdrantIndex(VectorIndex):
             self._client = self._open_folder(qdrant, self.location)
         try:
             with self._calls():
-                if self._client.collection_exists(collection):
-                    self._check_collection()
-                elif dim is not None:
-                    self._create_collection(dim)
+                self._dim = schema.open_collection(self._client, collection, dim, not self._local)
         except BaseException:
             self._client.close()
             raise
@@ -193,52 +158,9 @@ class QdrantIndex(VectorIndex):
         """The collection name."""
         return self._collection
 
-    def _check_collection(self) -> None:
-        info = self._client.get_collection(self._collection)
-        vectors = info.config.params.vectors
-        cosine = self._models.Distance.COSINE
-        if not isinstance(vectors, self._models.VectorParams) or vectors.distance != cosine:
-            raise ConfigError(
-                f"Qdrant collection {self._collection!r} does not hold single cosine vectors; "
-                "choose another qdrant_collection"
-            )
-        if self._dim is not None and vectors.size != self._dim:
-            raise ConfigError(
-                f"Qdrant collection {self._collection!r} holds vectors of size {vectors.size}, "
-                f"the embedder gives {self._dim}; choose another qdrant_collection"
-            )
-        self._dim = vectors.size
-        if not self._local and TENANT_KEY not in info.payload_schema:
-            self._create_tenant_index()  # a collection made elsewhere may lack it
-
     def _create_collection(self, dim: int) -> None:
-        models = self._models
-        try:
-            # m=0 with payload_m: no global graph, one HNSW graph per tenant, which is
-            # Qdrant's advice when every search filters on the tenant (as ours do).
-            self._client.create_collection(
-                self._collection,
-                vectors_config=models.VectorParams(size=dim, distance=models.Distance.COSINE),
-                hnsw_config=models.HnswConfigDiff(payload_m=16, m=0),
-            )
-        except Exception:
-            if not self._client.collection_exists(self._collection):  # not a lost race
-                raise
-            self._check_collection()
-            return
-        self._dim = dim
-        if not self._local:  # local mode has no payload indexes (and warns about them)
-            self._create_tenant_index()
-        logger.info("Created Qdrant collection %r (dim %d) at %s", self._collection, dim,
-                    self.location)
-
-    def _create_tenant_index(self) -> None:
-        models = self._models
-        self._client.create_payload_index(
-            self._collection, TENANT_KEY,
-            field_schema=models.KeywordIndexParams(type=models.KeywordIndexType.KEYWORD,
-                                                   is_tenant=True),
-        )
+        self._dim = schema.create_collection(self._client, self._collection, dim,
+                                             not self._local)
 
     def _tenant(self, user_id: str, *conditions: Any) -> Any:
         if not isinstance(user_id, str) or not user_id:
@@ -251,7 +173,7 @@ class QdrantIndex(VectorIndex):
         for start in range(0, len(ids), BATCH):
             chunk = ids[start:start + BATCH]
             rows = mat[start:start + BATCH]
-            payloads = [{TENANT_KEY: user_id, FACT_KEY: fid, DIGEST_KEY: vector_digest(row)}
+            payloads = [schema.payload(user_id, fid, row)
                         for fid, row in zip(chunk, rows, strict=True)]
             batch = self._models.Batch(ids=[point_id(user_id, fid) for fid in chunk],
                                        vectors=rows.tolist(), payloads=payloads)
@@ -334,8 +256,9 @@ class QdrantIndex(VectorIndex):
             while True:
                 records, offset = self._client.scroll(
                     self._collection, scroll_filter=tenant, limit=1024, offset=offset,
-                    with_payload=[FACT_KEY, DIGEST_KEY], with_vectors=False)
-                out.update((r.payload[FACT_KEY], r.payload.get(DIGEST_KEY)) for r in records)
+                    with_payload=[FACT_KEY, schema.DIGEST_KEY], with_vectors=False)
+                out.update((r.payload[FACT_KEY], r.payload.get(schema.DIGEST_KEY))
+                           for r in records)
                 if offset is None:
                     return out
 
@@ -357,7 +280,7 @@ class QdrantIndex(VectorIndex):
             if ids and self._dim is None:
                 self._create_collection(mat.shape[1])
             stored = self.digests(user_id)
-            wanted = {fid: vector_digest(row) for fid, row in zip(ids, mat, strict=True)}
+            wanted = {fid: schema.vector_digest(row) for fid, row in zip(ids, mat, strict=True)}
             rows = [i for i, fid in enumerate(ids) if stored.get(fid) != wanted[fid]]
             stale = [ids[i] for i in rows]
             gone = [fid for fid in stored if fid not in wanted]
