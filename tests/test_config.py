@@ -25,6 +25,13 @@ def test_precedence_kwargs_over_env_over_file(tmp_path: Path,
     {"k": 0}, {"k": "many"}, {"k": True}, {"max_fact_tokens": -1}, {"kv_cache_gb": 0},
     {"gpu_memory_utilization": 1.5}, {"unknown_key": 1}, {"engine_args": "x"},
     {"enforce_eager": "perhaps"}, {"model": 5}, {"max_model_len": 8},
+    {"index": "faiss"}, {"index": 1},
+    {"qdrant_url": "http://qdrant:6333"},  # without index="qdrant"
+    {"qdrant_path": "/srv/qdrant"}, {"qdrant_api_key": "k"},
+    {"index": "qdrant", "qdrant_path": "/srv/qdrant", "qdrant_url": "http://qdrant:6333"},
+    {"index": "qdrant", "qdrant_path": "/srv/qdrant", "qdrant_api_key": "k"},
+    {"index": "qdrant", "qdrant_url": "qdrant:6333"}, {"index": "qdrant", "qdrant_path": ""},
+    {"index": "qdrant", "qdrant_collection": "a/b"}, {"index": "qdrant", "qdrant_collection": ""},
 ])
 def test_broken_values_raise_config_error(values: dict[str, object]) -> None:
     with pytest.raises(ConfigError):
@@ -49,3 +56,23 @@ def test_engine_with_broken_config_fails_before_starting(tmp_path: Path) -> None
     with pytest.raises(ModelPreparationError):
         MemoryEngine(str(tmp_path / "no-such-model"), store_path=str(tmp_path / "m.sqlite"))
     assert not (tmp_path / "m.sqlite").exists()
+
+
+def test_index_settings_from_env_and_their_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert MemoryConfig.load().index == "exact"
+    assert MemoryConfig.load(store_path="/srv/m.sqlite").resolved_qdrant_path is None
+    qdrant = MemoryConfig.load(index="qdrant", store_path="/srv/m.sqlite")
+    assert qdrant.resolved_qdrant_path == "/srv/m.sqlite.qdrant"  # one folder per store file
+    assert qdrant.qdrant_collection == "inferscale_facts"
+    memory = MemoryConfig.load(index="qdrant", store_path=":memory:")
+    assert memory.resolved_qdrant_path == ":memory:"
+    monkeypatch.setenv("INFERSCALE_INDEX", "qdrant")
+    monkeypatch.setenv("INFERSCALE_QDRANT_URL", "https://qdrant.internal:6333")
+    monkeypatch.setenv("INFERSCALE_QDRANT_API_KEY", "sk-qdrant")
+    server = MemoryConfig.load()
+    assert (server.index, server.qdrant_url, server.qdrant_api_key) == (
+        "qdrant", "https://qdrant.internal:6333", "sk-qdrant")
+    assert server.resolved_qdrant_path is None
+    assert "sk-qdrant" not in repr(server)  # a secret stays out of logs
+    with pytest.raises(ConfigError, match="not both"):
+        MemoryConfig.load(qdrant_path="/srv/q")  # the env's url and a path

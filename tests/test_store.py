@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import importlib.util
 import inspect
 import itertools
 import queue
@@ -11,7 +13,9 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -30,8 +34,44 @@ from inferscale_memory.store import ExactIndex, Fact, MemoryStore, ScoredFact, V
 
 REPO = Path(__file__).resolve().parents[1]
 
-# Every VectorIndex backend runs the same index tests (a Qdrant backend is added here).
-INDEX_FACTORIES = [ExactIndex]
+needs_qdrant = pytest.mark.skipif(importlib.util.find_spec("qdrant_client") is None,
+                                  reason="needs qdrant-client (the qdrant extra)")
+
+
+@contextlib.contextmanager
+def exact_index() -> Iterator[VectorIndex]:
+    yield ExactIndex()
+
+
+@contextlib.contextmanager
+def qdrant_memory_index() -> Iterator[VectorIndex]:
+    from inferscale_memory.store.qdrant import QdrantIndex
+
+    index = QdrantIndex(":memory:")
+    try:
+        yield index
+    finally:
+        index.close()
+
+
+@contextlib.contextmanager
+def qdrant_path_index() -> Iterator[VectorIndex]:
+    from inferscale_memory.store.qdrant import QdrantIndex
+
+    with tempfile.TemporaryDirectory() as folder:
+        index = QdrantIndex(folder)
+        try:
+            yield index
+        finally:
+            index.close()
+
+
+# Every VectorIndex backend runs the same index and store tests.
+INDEX_BACKENDS = [
+    pytest.param(exact_index, id="exact"),
+    pytest.param(qdrant_memory_index, id="qdrant-memory", marks=needs_qdrant),
+    pytest.param(qdrant_path_index, id="qdrant-path", marks=needs_qdrant),
+]
 
 CAROLINE_FACTS = [
     "Caroline moved to Berlin in May 2023.",
@@ -49,9 +89,10 @@ def embedder():
     return default_embedder()
 
 
-@pytest.fixture
-def store(tmp_path, embedder):
-    with MemoryStore(str(tmp_path / "memory.sqlite"), embedder) as s:
+@pytest.fixture(params=INDEX_BACKENDS)
+def store(request, tmp_path, embedder):
+    with request.param() as index, MemoryStore(str(tmp_path / "memory.sqlite"), embedder,
+                                               index) as s:
         yield s
 
 
@@ -482,9 +523,12 @@ def test_concurrent_writers_and_readers(store):
 # --------------------------------------------------------------------------- index
 
 
-@pytest.fixture(params=INDEX_FACTORIES, ids=lambda f: f.__name__)
+@pytest.fixture(params=INDEX_BACKENDS)
 def make_index(request):
-    return request.param
+    """A factory of fresh indexes of one backend, closed after the test."""
+    with contextlib.ExitStack() as stack:
+        yield lambda: stack.enter_context(request.param())
+
 
 
 def test_index_basics(make_index):
@@ -544,15 +588,85 @@ def test_index_rejects_bad_k_and_dim(make_index):
         index.search("u", np.ones(4), k=1)
 
 
-@pytest.mark.parametrize("factory", INDEX_FACTORIES, ids=lambda f: f.__name__)
-@settings(max_examples=150, deadline=None, database=None)
-@given(
-    data=st.data(),
-    n=st.integers(1, 40),
-    dim=st.integers(1, 6),
-    k=st.integers(1, 50),
-)
-def test_index_top_k_matches_brute_force(factory, data, n, dim, k):
+def test_index_tenant_filtering(make_index):
+    """Same ids and vectors under many users: every call sees and changes one user only."""
+    index = make_index()
+    e = np.eye(4, dtype=np.float32)
+    users = ["alice", "bob", "Alice", "alice ", "al", "a"]
+    for n, user in enumerate(users, start=1):
+        index.upsert(user, [f"f{j}" for j in range(n)], np.tile(e[0], (n, 1)))
+    # ("a", "lf0") and ("al", "f0") must not be one point, whatever the id encoding.
+    index.upsert("a", ["lf0"], e[1:2])
+    for n, user in enumerate(users, start=1):
+        extra = 1 if user == "a" else 0
+        assert index.count(user) == n + extra
+        assert len(index.search(user, e[0], k=50)) == n + extra
+    index.remove("bob", ["f0", "f1"])
+    index.clear("alice")
+    index.remove("al", ["lf0"])  # an id of another user: nothing happens
+    assert [index.count(u) for u in users] == [0, 0, 3, 4, 5, 7]
+    assert index.search("alice", e[0], k=5) == []
+    assert [i for i, _ in index.search("a", e[1], k=1)] == ["lf0"]
+    assert [i for i, _ in index.search("al", e[0], k=2)] == ["f0", "f1"]
+    index.replace("Alice", ["f9"], e[2:3])
+    assert index.count("Alice") == 1 and index.count("alice ") == 4
+
+
+def test_index_tie_group_larger_than_k(make_index):
+    """A tie at the k-th score is broken by id over the whole tie group."""
+    index = make_index()
+    e = np.eye(3, dtype=np.float32)
+    ids = [f"t{j:02d}" for j in range(40)]
+    rng = np.random.default_rng(0)
+    order = rng.permutation(40)
+    index.upsert("u", [ids[j] for j in order], np.tile(e[0], (40, 1)))
+    index.upsert("u", ["best", "worse"], np.stack([e[0] + 0.0, e[0] + e[1]]))
+    hits = index.search("u", e[0], k=10)
+    assert [i for i, _ in hits] == ["best", *ids[:9]]  # all 41 tie: by id
+    assert all(score == pytest.approx(1.0) for _, score in hits)
+    assert [i for i, _ in index.search("u", e[0], k=41)] == ["best", *ids]
+    assert index.search("u", e[0], k=42)[-1][0] == "worse"
+
+
+def test_index_replace_and_reload(make_index):
+    index = make_index()
+    e = np.eye(4, dtype=np.float32)
+    index.upsert("u", ["a", "b", "c"], e[:3])
+    index.upsert("v", ["a"], e[:1])
+    index.replace("u", ["b", "c", "d"], np.stack([e[1], e[0], e[3]]))  # c changed, a gone
+    assert index.count("u") == 3 and index.count("v") == 1
+    assert index.search("u", e[0], k=1)[0] == ("c", pytest.approx(1.0))
+    assert "a" not in [i for i, _ in index.search("u", e[0], k=5)]
+    index.replace("u", [], np.empty((0, 4)))
+    assert index.count("u") == 0 and index.count("v") == 1
+
+
+def test_index_concurrent_writers_and_readers(make_index):
+    index = make_index()
+    rng = np.random.default_rng(1)
+    errors: list[BaseException] = []
+
+    def work(n: int) -> None:
+        try:
+            for j in range(20):
+                index.upsert(f"u{n % 2}", [f"{n}-{j}"], rng.standard_normal((1, 8)))
+                index.search(f"u{n % 2}", np.ones(8), k=3)
+                if j % 4 == 3:
+                    index.remove(f"u{n % 2}", [f"{n}-{j}"])
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert not errors, errors
+    assert index.count("u0") == index.count("u1") == 2 * 15
+    assert len(index.search("u0", np.ones(8), k=100)) == 30
+
+
+def check_top_k_matches_brute_force(index, data, n, dim, k):
     coords = st.integers(-3, 3)
     rows = data.draw(
         st.lists(st.lists(coords, min_size=dim, max_size=dim).filter(any), min_size=n, max_size=n)
@@ -560,7 +674,6 @@ def test_index_top_k_matches_brute_force(factory, data, n, dim, k):
     query = data.draw(st.lists(coords, min_size=dim, max_size=dim).filter(any))
     removed = data.draw(st.sets(st.integers(0, n - 1), max_size=n // 3))
     ids = [f"id{j:03d}" for j in data.draw(st.permutations(range(n)))]
-    index = factory()
     index.upsert("u", ids, np.array(rows, dtype=np.float32))
     index.remove("u", [ids[j] for j in removed])
 
@@ -583,3 +696,22 @@ def test_index_top_k_matches_brute_force(factory, data, n, dim, k):
     values = sorted(brute.values())
     if all(b - a > 1e-4 for a, b in itertools.pairwise(values)):
         assert got_ids == expected
+
+
+PROPERTY = dict(data=st.data(), n=st.integers(1, 40), dim=st.integers(1, 6), k=st.integers(1, 50))
+
+
+@pytest.mark.parametrize("backend", INDEX_BACKENDS[:2])
+@settings(max_examples=150, deadline=None, database=None)
+@given(**PROPERTY)
+def test_index_top_k_matches_brute_force(backend, data, n, dim, k):
+    with backend() as index:
+        check_top_k_matches_brute_force(index, data, n, dim, k)
+
+
+@needs_qdrant
+@settings(max_examples=20, deadline=None, database=None)  # a folder per example is slow
+@given(**PROPERTY)
+def test_qdrant_path_index_top_k_matches_brute_force(data, n, dim, k):
+    with qdrant_path_index() as index:
+        check_top_k_matches_brute_force(index, data, n, dim, k)

@@ -84,6 +84,31 @@ def add_bench_parser(commands: Any) -> None:
     report = workloads.add_parser("report", help="rewrite a run folder's report and plots")
     report.add_argument("run", type=Path)
     _add_synthetic(workloads)
+    _add_index(workloads)
+
+
+def _add_index(workloads: Any) -> None:
+    index = workloads.add_parser("index", help="search latency of the exact vs Qdrant index")
+    index.add_argument("--facts", type=int, nargs="+", default=[10000, 100000],
+                       help="collection sizes (random unit vectors)")
+    index.add_argument("--backends", default="exact,qdrant-memory,qdrant-path",
+                       help="comma-separated: exact, qdrant-memory, qdrant-path")
+    index.add_argument("--dim", type=int, default=384, help="vector size (the embedder's)")
+    index.add_argument("--users", type=int, default=1, help="tenants the facts are spread over")
+    index.add_argument("--queries", type=int, default=50)
+    index.add_argument("--k", type=int, default=10)
+    index.add_argument("--seed", type=int, default=0)
+    index.add_argument("--out", type=Path, default=None, help="write the rows as JSON")
+
+
+def _index(args: argparse.Namespace) -> int:
+    from inferscale_memory.bench import index as index_bench
+
+    rows = index_bench.run_index_bench(
+        args.facts, args.backends.split(","), dim=args.dim, users=args.users,
+        queries=args.queries, k=args.k, seed=args.seed, out=args.out)
+    print(index_bench.format_table(rows))
+    return 0
 
 
 def _add_synthetic(workloads: Any) -> None:
@@ -131,6 +156,8 @@ def run_bench(args: argparse.Namespace) -> int:
         return 0
     if args.workload == "synthetic":
         return _synthetic(args)
+    if args.workload == "index":
+        return _index(args)
     from inferscale_memory.bench import commands
 
     with _engine(args.model) as engine:

@@ -1,7 +1,8 @@
 """Vector indexes of the fact store: :class:`VectorIndex` and :class:`ExactIndex`.
 
-:class:`VectorIndex` is the interface of every backend (a Qdrant backend comes later);
-:class:`ExactIndex` is the embedded default, exact search with numpy.
+:class:`VectorIndex` is the interface of every backend; :class:`ExactIndex` is the embedded
+default, exact search with numpy; :class:`~inferscale_memory.store.qdrant.QdrantIndex` keeps
+the vectors in Qdrant (embedded or a server).
 
 Every index keeps one namespace per user: a search only ever sees the vectors of the user
 it names. Scores are cosine similarities of L2-normalised vectors; results are ordered best
@@ -14,10 +15,14 @@ import logging
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from inferscale_memory.errors import InvalidInputError
+
+if TYPE_CHECKING:
+    from inferscale_memory.config import MemoryConfig
 
 logger = logging.getLogger(__name__)
 
@@ -50,11 +55,38 @@ def normalize_rows(vectors: np.ndarray, dim: int | None = None) -> np.ndarray:
     return np.ascontiguousarray(arr / norms, dtype=np.float32)
 
 
-def top_k(ids: np.ndarray, scores: np.ndarray, k: int) -> list[tuple[str, float]]:
+def check_ids(ids: Sequence[str]) -> list[str]:
+    """Check the ids of one upsert: non-empty strings, no duplicates; return them as a list.
+
+    Raises:
+        InvalidInputError: An id that is not a non-empty str, or a repeated id.
+    """
+    ids = list(ids)
+    if not all(isinstance(i, str) and i for i in ids):
+        raise InvalidInputError("ids must be non-empty strings")
+    if len(set(ids)) != len(ids):
+        raise InvalidInputError("ids of one upsert must be unique")
+    return ids
+
+
+def check_query(vector: np.ndarray, k: int) -> int:
+    """Check a search's ``k`` (an int >= 1) and the query's shape ``(dim,)``; return ``k``.
+
+    Raises:
+        InvalidInputError: Bad ``k`` or a query that is not one vector.
+    """
+    if isinstance(k, bool) or not isinstance(k, int | np.integer) or k < 1:
+        raise InvalidInputError(f"k must be an integer >= 1; got {k!r}")
+    if np.asarray(vector).ndim != 1:
+        raise InvalidInputError("the query vector must have shape (dim,)")
+    return int(k)
+
+
+def top_k(ids: Sequence[str], scores: np.ndarray, k: int) -> list[tuple[str, float]]:
     """Return the ``k`` best ``(id, score)`` pairs, best first, ties by ascending id.
 
     Args:
-        ids: Array of ids (str), one per score.
+        ids: The ids (str), one per score; only the candidates' ids are read.
         scores: Array of scores.
         k: How many to return (fewer if there are fewer).
 
@@ -71,8 +103,9 @@ def top_k(ids: np.ndarray, scores: np.ndarray, k: int) -> list[tuple[str, float]
         cand = np.nonzero(scores >= kth)[0]
     else:
         cand = np.arange(n)
-    order = np.lexsort((ids[cand], -scores[cand]))[:k]
-    return [(str(ids[cand[i]]), float(scores[cand[i]])) for i in order]
+    cand_ids = np.array([ids[i] for i in cand])
+    order = np.lexsort((cand_ids, -scores[cand]))[:k]
+    return [(str(cand_ids[i]), float(scores[cand[i]])) for i in order]
 
 
 class VectorIndex(ABC):
@@ -119,6 +152,29 @@ class VectorIndex(ABC):
     @abstractmethod
     def count(self, user_id: str) -> int:
         """Return how many vectors the user has."""
+
+    def replace(self, user_id: str, ids: Sequence[str], vectors: np.ndarray) -> None:
+        """Make ``ids`` and ``vectors`` the user's whole namespace.
+
+        The store calls this for every user when it opens, with the user's rows of the
+        SQLite file, so that an index that outlives the process (Qdrant) ends up equal to
+        the file. This default clears the user and upserts everything; a persistent backend
+        should write only what differs.
+
+        Args:
+            user_id: The namespace.
+            ids: Every id the user must have, no duplicates (empty: clear the user).
+            vectors: Array ``(len(ids), dim)``.
+
+        Raises:
+            InvalidInputError: As :meth:`upsert`.
+        """
+        self.clear(user_id)
+        if len(ids):
+            self.upsert(user_id, ids, vectors)
+
+    def close(self) -> None:  # noqa: B027 - optional hook, a no-op for in-process indexes
+        """Release connections or files held by the index (idempotent)."""
 
 
 class _UserMatrix:
@@ -180,11 +236,7 @@ class ExactIndex(VectorIndex):
         return self._dim
 
     def upsert(self, user_id: str, ids: Sequence[str], vectors: np.ndarray) -> None:
-        ids = list(ids)
-        if not all(isinstance(i, str) and i for i in ids):
-            raise InvalidInputError("ids must be non-empty strings")
-        if len(set(ids)) != len(ids):
-            raise InvalidInputError("ids of one upsert must be unique")
+        ids = check_ids(ids)
         with self._lock:
             if not ids and np.asarray(vectors).size == 0:
                 return
@@ -214,20 +266,30 @@ class ExactIndex(VectorIndex):
             self._users.pop(user_id, None)
 
     def search(self, user_id: str, vector: np.ndarray, k: int) -> list[tuple[str, float]]:
-        if isinstance(k, bool) or not isinstance(k, int | np.integer) or k < 1:
-            raise InvalidInputError(f"k must be an integer >= 1; got {k!r}")
-        if np.asarray(vector).ndim != 1:
-            raise InvalidInputError("the query vector must have shape (dim,)")
+        k = check_query(vector, k)
         with self._lock:
             user = self._users.get(user_id)
             if user is None or user.n == 0:
                 return []
             query = normalize_rows(vector, self._dim)[0]
             scores = user.buf[: user.n] @ query
-            ids = np.array(user.ids)
-        return top_k(ids, scores, int(k))
+            return top_k(user.ids, scores, k)
 
     def count(self, user_id: str) -> int:
         with self._lock:
             user = self._users.get(user_id)
             return 0 if user is None else user.n
+
+
+def open_index(config: MemoryConfig, dim: int | None = None) -> VectorIndex:
+    """Return the vector index that ``config`` names (``index`` and ``qdrant_*``).
+
+    Raises:
+        MissingDependencyError: ``index="qdrant"`` without ``qdrant-client`` installed.
+        StoreError: The Qdrant server cannot be reached or its folder is in use.
+    """
+    if config.index == "qdrant":
+        from inferscale_memory.store.qdrant import QdrantIndex
+
+        return QdrantIndex.from_config(config, dim)
+    return ExactIndex(dim)

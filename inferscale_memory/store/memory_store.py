@@ -1,8 +1,10 @@
 """The durable, multi-tenant fact store: :class:`MemoryStore`.
 
-The SQLite file is the truth; the vector index is rebuilt from it on open. Every write
+The SQLite file is the truth; the vector index is made equal to it on open (rebuilt, or for
+a persistent index such as Qdrant, reconciled: only what differs is written). Every write
 is validated first (bad input raises a typed error and changes nothing), committed as one
-durable transaction, then applied to the index.
+durable transaction, then applied to the index. A search hit whose fact is not in the file
+(an index that went stale) is dropped from the index.
 
 Example:
     >>> from inferscale_memory.embeddings import default_embedder
@@ -21,15 +23,18 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from inferscale_memory.errors import FactNotFoundError, StoreError, UnknownUserError
 from inferscale_memory.store import _checks
 from inferscale_memory.store.facts import Fact, ScoredFact
-from inferscale_memory.store.index import ExactIndex, VectorIndex
+from inferscale_memory.store.index import ExactIndex, VectorIndex, open_index
 from inferscale_memory.store.sqlite import FactDB
+
+if TYPE_CHECKING:
+    from inferscale_memory.config import MemoryConfig
 
 logger = logging.getLogger(__name__)
 
@@ -41,8 +46,9 @@ class MemoryStore:
         path: SQLite file (parent folders are created) or ``":memory:"``.
         embedder: Object with ``dim`` and ``embed(list[str]) -> ndarray (n, dim)``.
         index: Vector index to fill; ``None`` uses an in-process :class:`ExactIndex`.
-            It is rebuilt from the file on open.
+            Every user of the file is reloaded into it on open (:meth:`VectorIndex.replace`).
         max_fact_chars: Longest fact text accepted, in characters.
+        own_index: Close ``index`` when the store closes (an index made here always is).
 
     Raises:
         InvalidInputError: Bad ``embedder`` or ``max_fact_chars``.
@@ -56,7 +62,10 @@ class MemoryStore:
         embedder: _checks.Embedder,
         index: VectorIndex | None = None,
         max_fact_chars: int = 4000,
+        *,
+        own_index: bool = False,
     ) -> None:
+        self._owns_index = own_index or index is None
         self._max_fact_chars = _checks.positive_int(max_fact_chars, "max_fact_chars")
         self._embedder = embedder
         self._dim = _checks.embedder_dim(embedder)
@@ -72,19 +81,35 @@ class MemoryStore:
                 self._load_user(user_id)
         except BaseException:
             self._db.close()
+            if own_index and index is not None:
+                index.close()
             raise
         logger.info("Opened fact store %s (%d users)", self.path, len(self._db.users()))
 
+    @classmethod
+    def from_config(cls, config: MemoryConfig,
+                    embedder: _checks.Embedder | None = None) -> MemoryStore:
+        """Open the store file and the index that ``config`` names; the store owns the index.
+
+        Args:
+            config: Uses ``store_path`` (or ``data_dir``), ``index`` and ``qdrant_*``.
+            embedder: ``None`` loads ``config.embedder`` (all-MiniLM-L6-v2 by default).
+
+        Example:
+            >>> cfg = MemoryConfig.load(store_path=":memory:", index="qdrant")  # doctest: +SKIP
+            >>> store = MemoryStore.from_config(cfg)                            # doctest: +SKIP
+        """
+        if embedder is None:
+            from inferscale_memory.embeddings import default_embedder
+
+            embedder = default_embedder(config.embedder)
+        index = open_index(config, _checks.embedder_dim(embedder))
+        return cls(config.resolved_store_path, embedder, index, own_index=True)
+
     def _load_user(self, user_id: str) -> None:
-        """(Re)build one user's index entries from the file."""
-        ids, blobs = self._db.embeddings(user_id)
-        self._index.clear(user_id)
-        if not ids:
-            return
-        if any(len(b) != 4 * self._dim for b in blobs):
-            raise StoreError(f"{self.path} has an embedding of the wrong size for {user_id!r}")
-        matrix = np.frombuffer(b"".join(blobs), dtype="<f4").reshape(len(ids), self._dim)
-        self._index.upsert(user_id, ids, matrix)
+        """Make one user's index entries equal to the file's."""
+        ids, matrix = self._db.embedding_matrix(user_id, self._dim)
+        self._index.replace(user_id, ids, matrix)
 
     def _apply_to_index(self, user_id: str, op: Callable[[], None]) -> None:
         """Apply a committed change to the index; on failure rebuild the user from the file."""
@@ -197,11 +222,24 @@ class MemoryStore:
         vector = _checks.embed(self._embedder, [query], self._dim)[0]
         with self._lock:
             self._open()
-            hits = self._index.search(user_id, vector, k)
-            facts = self._db.get_many(user_id, [fid for fid, _ in hits])
-        if len(facts) < len(hits):
-            logger.warning("The index of %r has ids missing from %s", user_id, self.path)
+            hits, facts = self._search_once(user_id, vector, k)
+            if len(facts) < len(hits):  # stale ids, now dropped: one more try fills k
+                hits, facts = self._search_once(user_id, vector, k)
         return [ScoredFact(facts[fid], score) for fid, score in hits if fid in facts]
+
+    def _search_once(self, user_id: str, vector: np.ndarray,
+                     k: int) -> tuple[builtins.list[tuple[str, float]], dict[str, Fact]]:
+        """Search the index, read the hits' facts, and drop hits that have no fact."""
+        hits = self._index.search(user_id, vector, k)
+        facts = self._db.get_many(user_id, [fid for fid, _ in hits])
+        stale = [fid for fid, _ in hits if fid not in facts]
+        if stale:
+            # Index writes follow commits, so an id without a fact is stale (e.g. a shared
+            # Qdrant that another process reconciled): drop it.
+            logger.warning("The index of %r has %d id(s) missing from %s; removing them",
+                           user_id, len(stale), self.path)
+            self._apply_to_index(user_id, lambda: self._index.remove(user_id, stale))
+        return hits, facts
 
     def update(
         self, fact_id: str, text: str, *, user_id: str, metadata: dict[str, Any] | None = None
@@ -281,8 +319,13 @@ class MemoryStore:
         return self._index
 
     def close(self) -> None:
-        """Close the file (idempotent). Later calls raise :class:`StoreError`."""
+        """Close the file, and the index if the store owns it (idempotent).
+
+        Later calls raise :class:`StoreError`.
+        """
         with self._lock:
+            if not self._closed and self._owns_index:
+                self._index.close()
             self._closed = True
             self._db.close()
 

@@ -262,6 +262,17 @@ class FactDB:
         rows = self._all("SELECT id, embedding FROM facts WHERE user_id = ?", (user_id,))
         return [r[0] for r in rows], [r[1] for r in rows]
 
+    def embedding_matrix(self, user_id: str, dim: int) -> tuple[list[str], np.ndarray]:
+        """Return a user's fact ids and their embeddings as a ``(n, dim)`` float32 array.
+
+        Raises:
+            StoreError: An embedding of another size than ``dim``.
+        """
+        ids, blobs = self.embeddings(user_id)
+        if any(len(b) != 4 * dim for b in blobs):
+            raise StoreError(f"{self.path} has an embedding of the wrong size for {user_id!r}")
+        return ids, np.frombuffer(b"".join(blobs), dtype="<f4").reshape(len(ids), dim)
+
     def users(self) -> list[str]:
         """Return every user that ever stored a fact, sorted."""
         return [r[0] for r in self._all("SELECT user_id FROM users ORDER BY user_id")]
