@@ -26,7 +26,7 @@ from inferscale_memory.errors import (
     UnknownUserError,
     UnsupportedVersionError,
 )
-from inferscale_memory.results import ChatChunk, ChatMetrics, ChatResult
+from inferscale_memory.results import ChatChunk, ChatMetrics, ChatResult, KVStats
 from inferscale_memory.store import Fact, MemoryStore, ScoredFact
 
 __version__ = "0.1.0"
@@ -42,6 +42,7 @@ __all__ = [
     "FactNotFoundError",
     "InferScaleError",
     "InvalidInputError",
+    "KVStats",
     "MemoryConfig",
     "MemoryEngine",
     "MemoryStore",

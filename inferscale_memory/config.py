@@ -53,6 +53,9 @@ class MemoryConfig:
             (capped at 8192 to keep the CPU engine's memory small).
         max_tokens: Default answer length.
         kv_cache_gb: KV cache of the CPU engine in whole GiB (vLLM's ``VLLM_CPU_KVCACHE_SPACE``).
+        kv_pool_gb: Budget of the captured facts' KV on each engine device (outside vLLM's
+            own cache), in GiB. Beyond it the least recently used facts are evicted; an
+            answer that names an evicted fact computes it from text and recaptures it.
         gpu_memory_utilization: Fraction of GPU memory vLLM may use (GPU engines).
         dtype: Model dtype given to vLLM (``"auto"``, ``"bfloat16"``, ...).
         enforce_eager: Disable CUDA graphs / torch.compile (faster start, slower steps).
@@ -81,6 +84,7 @@ class MemoryConfig:
     max_model_len: int | None = None
     max_tokens: int = 128
     kv_cache_gb: int = 2
+    kv_pool_gb: float = 4.0
     gpu_memory_utilization: float = 0.85
     dtype: str = "auto"
     enforce_eager: bool = False
@@ -103,6 +107,8 @@ class MemoryConfig:
             (self.max_model_len is None or self.max_model_len >= 64, "max_model_len must be >= 64"),
             (self.max_tokens >= 1, "max_tokens must be >= 1"),
             (self.kv_cache_gb >= 1, "kv_cache_gb must be >= 1"),
+            (isinstance(self.kv_pool_gb, int | float) and not isinstance(self.kv_pool_gb, bool)
+             and 0 < self.kv_pool_gb < 1 << 20, "kv_pool_gb must be a number > 0"),
             (0 < self.gpu_memory_utilization <= 1, "gpu_memory_utilization must be in (0, 1]"),
             (self.tensor_parallel_size >= 1, "tensor_parallel_size must be >= 1"),
         ]

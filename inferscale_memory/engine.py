@@ -23,7 +23,7 @@ from inferscale_memory.connector.params import FactKey, RequestParams, Span
 from inferscale_memory.errors import ContextLengthError, InvalidInputError
 from inferscale_memory.layout import PromptBuilder, PromptLayout, validate_messages
 from inferscale_memory.memory import EngineMemory
-from inferscale_memory.results import ChatChunk, ChatMetrics, ChatResult
+from inferscale_memory.results import ChatChunk, ChatMetrics, ChatResult, KVStats
 from inferscale_memory.runtime import Completion, VllmRuntime
 from inferscale_memory.store import Fact, MemoryStore, ScoredFact
 
@@ -58,6 +58,7 @@ class MemoryEngine:
         self.builder = PromptBuilder(self.tokenizer)
         self.store = store or MemoryStore.from_config(config, default_embedder(config.embedder))
         self.runtime = VllmRuntime(self.model_path, config)
+        self.kv_stats = KVStats()
         self.memory = EngineMemory(self, self.store)
         self.runtime.run(self.memory.capture_header())
         self._background: set[asyncio.Future[Any]] = set()
@@ -76,7 +77,8 @@ class MemoryEngine:
             k: Facts to retrieve (default ``config.k``).
             mode: ``"kv"`` injects the facts' KV; ``"text"`` sends the identical token ids
                 and lets vLLM prefill them (for A/B and as the fallback).
-            **options: ``max_tokens``, ``temperature``, ``stop``, ``logprobs``, ``seed``.
+            **options: ``max_tokens``, ``temperature``, ``stop``, ``logprobs``, ``seed``,
+                ``ignore_eos`` (generate exactly ``max_tokens``, for benchmarks).
         """
         return self.runtime.run(self.achat(messages, user_id=user_id, k=k, mode=mode,
                                            **options))
@@ -190,7 +192,8 @@ class MemoryEngine:
             raise InvalidInputError(f"k must be an integer >= 1, got {k!r}")
         if mode not in MODES:
             raise InvalidInputError(f"mode must be one of {MODES}, got {mode!r}")
-        unknown = set(options) - {"max_tokens", "temperature", "stop", "logprobs", "seed"}
+        unknown = set(options) - {"max_tokens", "temperature", "stop", "logprobs", "seed",
+                                  "ignore_eos"}
         if unknown:
             raise InvalidInputError(f"unknown options {sorted(unknown)}")
         max_tokens = options.pop("max_tokens", None) or self.config.max_tokens
@@ -250,6 +253,9 @@ class MemoryEngine:
             fact_ids=fact_ids,
             recomputed_fact_ids=[fid for fid in fact_ids if fid in missing],
         )
+        if mode == "kv" and fact_ids:
+            recomputed = len(metrics.recomputed_fact_ids)
+            self.kv_stats.record_answer(len(fact_ids) - recomputed, recomputed)
         return ChatResult(done.text, metrics, ordered, layout.token_ids, done.token_ids,
                           done.finish_reason, done.logprobs)
 

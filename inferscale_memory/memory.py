@@ -126,7 +126,8 @@ class EngineMemory:
         token_ids, header_end, _ = builder.capture_prompt(None)
         params = RequestParams(HEADER_TENANT, builder.layout_id, capture=(
             Span(FactKey("", builder.header_name), 0, header_end),))
-        await self._engine.runtime.control(token_ids, params)
+        self._engine.kv_stats.record_capture(
+            await self._engine.runtime.control(token_ids, params))
 
     async def _capture_one(self, user_id: str, fact: Fact) -> None:
         builder = self._engine.builder
@@ -134,7 +135,8 @@ class EngineMemory:
         params = RequestParams(user_id, builder.layout_id, capture=(
             Span(FactKey("", builder.header_name), 0, start),
             Span(FactKey(user_id, fact.id), start, end)))
-        await self._engine.runtime.control(token_ids, params)
+        self._engine.kv_stats.record_capture(
+            await self._engine.runtime.control(token_ids, params))
 
     async def evict(self, user_id: str, fact_ids: Sequence[str]) -> None:
         """Drop the KV of ``fact_ids`` from the engine (the facts themselves stay)."""

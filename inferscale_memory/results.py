@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from inferscale_memory.store import ScoredFact
 
@@ -60,3 +61,36 @@ class ChatChunk:
 
     text: str
     result: ChatResult | None = None
+
+
+@dataclass
+class KVStats:
+    """Counters of the engine's fact-KV pool since start (:attr:`MemoryEngine.kv_stats`).
+
+    Attributes:
+        captured: Facts (and headers) whose KV the engine stored.
+        injected: Facts whose KV an answer loaded (hits).
+        recomputed: Facts an answer named whose KV was gone, computed from text instead
+            (misses; they are recaptured in the background).
+        evicted: Facts dropped to keep the pool within ``kv_pool_gb`` (least recently used).
+        pool_tokens: Token rows the pool held at the last capture.
+        budget_tokens: The pool's budget in token rows (``None``: unbounded).
+    """
+
+    captured: int = 0
+    injected: int = 0
+    recomputed: int = 0
+    evicted: int = 0
+    pool_tokens: int = 0
+    budget_tokens: int | None = None
+
+    def record_capture(self, report: dict[str, Any]) -> None:
+        self.captured += len(report.get("captured", []))
+        self.evicted += len(report.get("evicted", []))
+        if "pool_tokens" in report:
+            self.pool_tokens = int(report["pool_tokens"])
+            self.budget_tokens = report.get("budget_tokens")
+
+    def record_answer(self, injected: int, recomputed: int) -> None:
+        self.injected += injected
+        self.recomputed += recomputed

@@ -93,7 +93,8 @@ class VllmRuntime:
             tensor_parallel_size=self.config.tensor_parallel_size,
             gpu_memory_utilization=self.config.gpu_memory_utilization,
             enable_prefix_caching=True,
-            kv_transfer_config=kv_transfer_config(),
+            kv_transfer_config=kv_transfer_config(
+                {"pool_bytes": int(self.config.kv_pool_gb * (1 << 30))}),
         )
         args.update(self.config.engine_args)
         return AsyncLLM.from_engine_args(AsyncEngineArgs(**args))

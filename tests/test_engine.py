@@ -207,6 +207,16 @@ def test_missing_kv_is_recomputed_and_reported(engine: MemoryEngine) -> None:
     assert again.metrics.computed_tokens < recomputed.metrics.computed_tokens
 
 
+def test_ignore_eos_generates_exactly_max_tokens(engine: MemoryEngine) -> None:
+    # The throughput benchmark relies on it: both paths must decode the same amount.
+    question = ask("Say yes.")
+    engine.memory.add("Nora likes short answers.", user_id="nora")
+    for mode in ("kv", "text"):
+        result = engine.chat(question, user_id="nora", k=1, mode=mode, max_tokens=40,
+                             ignore_eos=True)
+        assert result.metrics.output_tokens == 40
+
+
 def test_streaming_yields_the_same_answer(engine: MemoryEngine) -> None:
     engine.memory.add("Priya's bike is red.", user_id="stream")
     chunks = list(engine.stream_chat(ask("What colour is Priya's bike?"), user_id="stream",

@@ -106,6 +106,9 @@ class SyntheticWorkload:
     def sample(self, k: int) -> list[int]:
         return self._rng.sample(range(len(self.facts)), k)
 
+    def shuffle(self, items: list[Any]) -> None:
+        self._rng.shuffle(items)
+
     async def run(self, prompt: Prompt, mode: str, max_tokens: int = 1,
                   **kwargs: Any) -> Completion:
         params = prompt.inject if mode == "kv" else None
@@ -134,22 +137,29 @@ class LoadLog:
 async def ttft_sweep(work: SyntheticWorkload, ks: list[int], trials: int,
                      loads: LoadLog | None = None) -> list[dict]:
     """Median and p90 TTFT (ms) per k and path; a different fact set every trial; with
-    ``loads``, the median time of the connector's load step of the KV requests."""
+    ``loads``, the median time of the connector's load step of the KV requests.
+
+    The (k, trial) pairs run in a shuffled order, so a drift of the machine spreads over
+    every k instead of landing on the rows measured last.
+    """
+    plan = [k for k in ks for _ in range(trials)]
+    work.shuffle(plan)
+    times = {k: {"text": [], "kv": []} for k in ks}
+    load_ms: dict[int, list[float]] = {k: [] for k in ks}
+    for k in plan:
+        prompt = work.prompt(work.sample(k))
+        for mode in ("kv", "text"):
+            times[k][mode].append((await work.run(prompt, mode)).ttft_s * 1000)
+            if loads is not None:
+                steps = loads.take()
+                load_ms[k] += [step["ms"] for step in steps if mode == "kv"]
     rows = []
     for k in ks:
-        times: dict[str, list[float]] = {"text": [], "kv": []}
-        load_ms: list[float] = []
-        for _ in range(trials):
-            prompt = work.prompt(work.sample(k))
-            for mode in ("kv", "text"):
-                times[mode].append((await work.run(prompt, mode)).ttft_s * 1000)
-                if loads is not None:
-                    load_ms += [step["ms"] for step in loads.take() if mode == "kv"]
-        row = {"k": k, **{f"{m}_{stat}_ms": value for m in times
-                          for stat, value in zip(("median", "p90"), _stats(times[m]),
+        row = {"k": k, **{f"{m}_{stat}_ms": value for m in ("text", "kv")
+                          for stat, value in zip(("median", "p90"), _stats(times[k][m]),
                                                  strict=True)}}
-        if load_ms:
-            row["load_median_ms"] = statistics.median(load_ms)
+        if load_ms[k]:
+            row["load_median_ms"] = statistics.median(load_ms[k])
         rows.append(row)
     return rows
 

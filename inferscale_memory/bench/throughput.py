@@ -5,8 +5,8 @@ requests at once through ``asyncio.gather`` on the engine loop) and a closed loo
 clients, each sending its next request when the last one finished, for a count of
 requests or a duration). Both paths draw the same fact sets (k random facts per request).
 
-The answer length is capped at ``output_len`` but the model may stop earlier (the chat API
-has no ``ignore_eos``), so output tokens/s counts the tokens actually generated.
+Every answer is exactly ``output_len`` tokens (``ignore_eos``), so both paths decode the
+same amount and output tokens/s compares like with like.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ class _Load:
         chosen = rng.sample(self.facts, self.k)
         return await self.engine.achat([{"role": "user", "content": QUESTION}],
                                        user_id=self.user_id, mode=mode, facts=chosen,
-                                       max_tokens=self.output_len)
+                                       max_tokens=self.output_len, ignore_eos=True)
 
 
 def run_throughput(engine: MemoryEngine, concurrencies: Sequence[int], run: RunFolder, *,

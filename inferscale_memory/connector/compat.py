@@ -103,6 +103,24 @@ def cache_block_size(vllm_config: Any) -> int:
     return int(vllm_config.cache_config.block_size)
 
 
+def pool_budget_tokens(vllm_config: Any) -> int | None:
+    """Token rows the fact pool may hold on one worker (``pool_bytes`` of the connector's
+    extra config), or ``None`` for no budget."""
+    extra = getattr(vllm_config.kv_transfer_config, "kv_connector_extra_config", None) or {}
+    budget = extra.get("pool_bytes")
+    if budget is None:
+        return None
+    heads, head_dim = kv_heads_and_dim(vllm_config)
+    model_config = vllm_config.model_config
+    layers = model_config.get_num_layers(vllm_config.parallel_config)
+    cache_dtype = vllm_config.cache_config.cache_dtype
+    if isinstance(cache_dtype, str) and cache_dtype.startswith("fp8"):
+        itemsize = 1
+    else:
+        itemsize = torch.empty((), dtype=model_config.dtype).element_size()
+    return max(1, int(budget) // (2 * layers * heads * head_dim * itemsize))
+
+
 def kv_heads_and_dim(vllm_config: Any) -> tuple[int, int]:
     model_config = vllm_config.model_config
     heads = model_config.get_num_kv_heads(vllm_config.parallel_config)

@@ -30,6 +30,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorRole,
 )
 
+from inferscale_memory.connector import compat
 from inferscale_memory.connector.plan import StepPlan
 from inferscale_memory.connector.scheduler import SchedulerSide
 from inferscale_memory.connector.worker import WorkerSide
@@ -48,7 +49,8 @@ class InferScaleConnector(KVConnectorBase_V1):
     def __init__(self, vllm_config: Any, role: KVConnectorRole,
                  kv_cache_config: Any = None) -> None:
         super().__init__(vllm_config, role, kv_cache_config)
-        self._scheduler = SchedulerSide() if role == KVConnectorRole.SCHEDULER else None
+        self._scheduler = (SchedulerSide(compat.pool_budget_tokens(vllm_config))
+                           if role == KVConnectorRole.SCHEDULER else None)
         self._worker = WorkerSide(vllm_config) if role == KVConnectorRole.WORKER else None
 
     # -- worker side -------------------------------------------------------------------

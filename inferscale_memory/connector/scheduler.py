@@ -11,11 +11,13 @@ stale span is recomputed, never loaded.
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from inferscale_memory.connector.params import (
     PARAMS_KEY,
+    SHARED_NS,
     FactKey,
     ParamsError,
     RequestParams,
@@ -63,6 +65,7 @@ class _CaptureTrack:
     spans: list[Span]
     block_ids: list[int]
     emitted: list[Span] = field(default_factory=list)
+    evicted: list[FactKey] = field(default_factory=list)  # to make room for its spans
 
 
 @dataclass
@@ -73,10 +76,22 @@ class _Report:
 
 
 class SchedulerSide:
-    """Registry of captured facts and the per-step plan for the workers."""
+    """Registry of captured facts and the per-step plan for the workers.
 
-    def __init__(self) -> None:
-        self.registry: dict[FactKey, Registered] = {}
+    With a ``budget_tokens``, the registry is also the pool's eviction policy: before a
+    step captures a span, room for it is made by evicting the least recently injected or
+    captured facts (never a shared header) on every worker, in the same step; a span that
+    cannot fit even then is not captured. The workers' pools thus hold what the registry
+    holds, within the budget, so a request naming an evicted fact is told it is missing
+    (and recomputes it) instead of failing a load.
+    """
+
+    def __init__(self, budget_tokens: int | None = None) -> None:
+        self.registry: OrderedDict[FactKey, Registered] = OrderedDict()  # LRU first
+        self.budget_tokens = budget_tokens
+        self.registered_tokens = 0
+        self.evictions = 0
+        self._reserved = 0  # tokens of captures emitted to the workers, not yet registered
         self._params: dict[str, RequestParams | None] = {}
         self._errors: dict[str, str] = {}
         self._captures: dict[str, _CaptureTrack] = {}
@@ -110,12 +125,14 @@ class SchedulerSide:
             plan = self._plans.pop(req_id, None) or self._plan_injection(request, params)
             report.missing = [[s.key.ns, s.key.name] for s in plan.missing]
             report.injected_tokens = num_external
+            for span in plan.usable:
+                self.registry.move_to_end(span.key)  # recently used
             if num_external > 0:
                 self._next.loads.append(self._load_op(req_id, block_ids, plan, num_external))
         if params.capture:
             self._track_capture(request, params, block_ids)
         for key in params.evict:
-            self.registry.pop(key, None)
+            self._unregister(key)
             self._capturer.pop(key, None)
             self._next.evicts.append(key)
 
@@ -149,13 +166,15 @@ class SchedulerSide:
         prompt = request.prompt_token_ids or []
         captured = []
         latest = {span.key: span for span in track.emitted} if track else {}
+        self._reserved -= sum(span.length for span in track.emitted) if track else 0
         for key, span in latest.items():
             if self._capturer.get(key) != req_id:
                 continue  # captured again by a later request, or evicted, since
             del self._capturer[key]
             tokens = prompt[span.start:span.end]
-            self.registry[key] = Registered(token_digest(tokens), len(tokens))
+            self._register(key, Registered(token_digest(tokens), len(tokens)))
             captured.append([key.ns, key.name])
+        evicted = [[key.ns, key.name] for key in track.evicted] if track else []
         self._params.pop(req_id, None)
         self._plans.pop(req_id, None)
         self._errors.pop(req_id, None)
@@ -163,6 +182,10 @@ class SchedulerSide:
         if report is None and not captured:
             return None
         body: dict[str, Any] = {"captured": captured}
+        if evicted:
+            body["evicted"] = evicted
+        if captured and self.budget_tokens is not None:
+            body.update(pool_tokens=self.registered_tokens, budget_tokens=self.budget_tokens)
         if report is not None:
             body.update(injected_tokens=report.injected_tokens, missing=report.missing)
             if report.error:
@@ -170,6 +193,32 @@ class SchedulerSide:
         return {PARAMS_KEY: body}
 
     # -- helpers -----------------------------------------------------------------------
+
+    def _register(self, key: FactKey, entry: Registered) -> None:
+        self._unregister(key)
+        self.registry[key] = entry
+        self.registered_tokens += entry.length
+
+    def _unregister(self, key: FactKey) -> None:
+        entry = self.registry.pop(key, None)
+        if entry is not None:
+            self.registered_tokens -= entry.length
+
+    def _make_room(self, tokens: int, track: _CaptureTrack, plan: StepPlan) -> bool:
+        """Evict least recently used facts until ``tokens`` more fit the budget; ``False``
+        if they cannot fit (only shared headers and in-flight captures are left)."""
+        if self.budget_tokens is None:
+            return True
+        victims = (key for key in list(self.registry) if key.ns != SHARED_NS)
+        while self.registered_tokens + self._reserved + tokens > self.budget_tokens:
+            key = next(victims, None)
+            if key is None:
+                return False
+            self._unregister(key)
+            plan.evicts.append(key)
+            track.evicted.append(key)
+            self.evictions += 1
+        return True
 
     def _request_params(self, request: RequestLike) -> RequestParams | None:
         req_id = request.request_id
@@ -242,11 +291,19 @@ class SchedulerSide:
         if not ready:
             return
         track.spans = [s for s in track.spans if s.end > computed_end]
-        track.emitted.extend(ready)
+        emitted = []
         for span in ready:
             # The workers overwrite this key's pool entry in this step, but with async
             # scheduling later steps are planned before this request finishes: the old
             # registration must not be claimed meanwhile.
-            self.registry.pop(span.key, None)
+            self._unregister(span.key)
+            if not self._make_room(span.length, track, plan):
+                logger.warning("fact %s does not fit the KV pool budget; not captured",
+                               span.key)
+                continue
+            self._reserved += span.length
             self._capturer[span.key] = req_id
-        plan.captures.append(CaptureOp(req_id, list(track.block_ids), ready))
+            emitted.append(span)
+        if emitted:
+            track.emitted.extend(emitted)
+            plan.captures.append(CaptureOp(req_id, list(track.block_ids), emitted))

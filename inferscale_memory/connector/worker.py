@@ -18,14 +18,14 @@ import numpy as np
 import torch
 
 from inferscale_memory.connector import compat
-from inferscale_memory.connector.params import FactKey
+from inferscale_memory.connector.params import SHARED_NS, FactKey
 from inferscale_memory.connector.plan import LoadOp, StepPlan
 from inferscale_memory.kv import fused
 from inferscale_memory.kv.fused import FusedInjector
 from inferscale_memory.kv.layout import CacheLayout, flat_view, probe_layout
 from inferscale_memory.kv.pool import KVPool, PoolEntry
 from inferscale_memory.kv.rope import RotaryShift
-from inferscale_memory.kv.slab import KVSlab
+from inferscale_memory.kv.slab import KVSlab, SlabFullError
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +82,9 @@ class WorkerSide:
             self._layers.append(_Layer(name, flat_view(cache), probed[signature], write))
         self._index = {layer.name: i for i, layer in enumerate(self._layers)}
         first = kv_caches[names[0]]
-        self._slab = KVSlab(len(names), heads, head_dim, first.dtype, first.device)
+        budget = compat.pool_budget_tokens(self._config)
+        self._slab = KVSlab(len(names), heads, head_dim, first.dtype, first.device,
+                            capacity=min(4096, budget or 4096), max_capacity=budget)
         self._shift = RotaryShift.from_rotary_module(compat.model_rotary_module(head_dim))
         layouts = [layer.layout for layer in self._layers]
         if fused.available(first.device, first.dtype, self._slab.data.dtype, layouts):
@@ -203,16 +205,49 @@ class WorkerSide:
             logger.warning("capture of %d spans incomplete; not stored", len(spans))
             return
         assert self._slab is not None
-        offsets = [self._slab.allocate(span.end - span.start) for _, span in spans]
-        rows = torch.cat([torch.arange(o, o + span.end - span.start)
-                          for o, (_, span) in zip(offsets, spans, strict=True)])
+        offsets = [self._allocate(span.end - span.start) for _, span in spans]
         kv = torch.stack(capture.kv, dim=1)  # [2, layers, n, heads, head_dim]
+        kept = [i for i, o in enumerate(offsets) if o is not None]
+        if len(kept) < len(spans):  # token columns of the spans that found room
+            sizes = [span.end - span.start for _, span in spans]
+            firsts = [sum(sizes[:i]) for i in range(len(spans))]
+            columns = torch.cat([torch.arange(firsts[i], firsts[i] + sizes[i]) for i in kept]
+                                or [torch.empty(0, dtype=torch.int64)])
+            kv = kv.index_select(2, columns.to(kv.device))
+        spans = [spans[i] for i in kept]
+        stored = [offsets[i] for i in kept]
+        if not spans:
+            return
+        rows = torch.cat([torch.arange(o, o + span.end - span.start)
+                          for o, (_, span) in zip(stored, spans, strict=True)])
         self._slab.write_rows(rows.to(kv.device), kv[0], kv[1])
-        for offset, (_, span) in zip(offsets, spans, strict=True):
+        for offset, (_, span) in zip(stored, spans, strict=True):
             num_tokens = span.end - span.start
             self._drop(span.key)  # the old KV of a recaptured fact
             self.pool.put(span.key, PoolEntry(offset, num_tokens, span.start,
                                               num_tokens * self._slab.bytes_per_token))
+
+    def _allocate(self, num_tokens: int) -> int | None:
+        """Slab rows for a capture, or ``None`` if there is no room.
+
+        The scheduler keeps the captures within the budget, so the slab is full only when
+        its free rows are fragmented: then the least recently used facts go (the
+        scheduler still lists them; a request naming one fails its load and recomputes
+        it). A capture that still does not fit is not stored: never an error that would
+        stop the engine.
+        """
+        assert self._slab is not None
+        while True:
+            try:
+                return self._slab.allocate(num_tokens)
+            except SlabFullError:
+                victim = next((k for k in self.pool.lru_order() if k.ns != SHARED_NS), None)
+                if victim is None:
+                    logger.warning("no room for a capture of %d tokens in the KV pool",
+                                   num_tokens)
+                    return None
+                logger.warning("KV pool fragmented; dropping %s to store a capture", victim)
+                self._drop(victim)
 
     # -- helpers -----------------------------------------------------------------------
 

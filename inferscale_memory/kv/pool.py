@@ -36,6 +36,10 @@ class KVPool(Generic[K]):
     def __contains__(self, key: object) -> bool:
         return key in self._entries
 
+    def lru_order(self) -> list[K]:
+        """The keys, least recently used first."""
+        return list(self._entries)
+
     def put(self, key: K, entry: PoolEntry) -> None:
         self.evict(key)
         self._entries[key] = entry

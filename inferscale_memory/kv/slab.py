@@ -14,11 +14,19 @@ import bisect
 import torch
 
 
+class SlabFullError(RuntimeError):
+    """No free run of rows is long enough and the slab may not grow."""
+
+
 class KVSlab:
-    """Token rows of fact KV on the engine's device."""
+    """Token rows of fact KV on the engine's device, at most ``max_capacity`` of them."""
 
     def __init__(self, layers: int, heads: int, head_dim: int, dtype: torch.dtype,
-                 device: torch.device | str, capacity: int = 4096) -> None:
+                 device: torch.device | str, capacity: int = 4096,
+                 max_capacity: int | None = None) -> None:
+        self.max_capacity = max_capacity
+        if max_capacity is not None:
+            capacity = min(capacity, max_capacity)
         self.data = torch.zeros((capacity, layers, 2, heads, head_dim), dtype=dtype,
                                 device=device)
         self._free: list[tuple[int, int]] = [(0, capacity)]  # (offset, length), sorted
@@ -36,7 +44,11 @@ class KVSlab:
         return sum(length for _, length in self._free)
 
     def allocate(self, num_tokens: int) -> int:
-        """Reserve ``num_tokens`` consecutive rows; returns the first one."""
+        """Reserve ``num_tokens`` consecutive rows; returns the first one.
+
+        Raises:
+            SlabFullError: No free run fits and the slab is at ``max_capacity``.
+        """
         for i, (offset, length) in enumerate(self._free):
             if length >= num_tokens:
                 rest = (offset + num_tokens, length - num_tokens)
@@ -76,6 +88,10 @@ class KVSlab:
     def _grow(self, at_least: int) -> None:
         old = self.capacity
         new = max(2 * old, old + at_least)
+        if self.max_capacity is not None:
+            if old + at_least > self.max_capacity:
+                raise SlabFullError(f"no {at_least} free rows in a slab of {old}")
+            new = min(new, self.max_capacity)
         grown = self.data.new_zeros((new, *self.data.shape[1:]))
         grown[:old] = self.data
         self.data = grown

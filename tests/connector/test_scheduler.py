@@ -587,3 +587,67 @@ def test_tenant_cannot_capture_the_shared_header_after_its_own_tokens(
     assert "error" in side.finished(cap)[PARAMS_KEY]
     inj = inject_request("alice", ((HEADER, HEADER_IDS), (A, A_IDS)))
     assert schedule(side, inj, [2, 3])[0] == 0
+
+
+# -- a pool budget: least recently used facts are evicted on every worker -------------------
+
+
+def test_budget_makes_room_by_evicting_least_recently_used_facts() -> None:
+    # HEADER 8 + A 12 + B 10 = 30 tokens; a budget of 25 holds the header and one fact.
+    side = SchedulerSide(budget_tokens=25)
+    report = capture_all(side)  # one request: B finds no room (A is in flight), skipped
+    assert report is not None
+    assert sorted(report[PARAMS_KEY]["captured"]) == sorted([[HEADER.ns, HEADER.name],
+                                                             [A.ns, A.name]])
+    assert "evicted" not in report[PARAMS_KEY]
+    assert set(side.registry) == {HEADER, A} and side.registered_tokens == 20
+
+    # Capturing B makes room in the same step: A (least recently used) is evicted on the
+    # workers before B is stored; the header is never evicted.
+    prompt, spans = layout((HEADER, HEADER_IDS), (B, B_IDS), (FactKey("alice", "q"), QUESTION))
+    req = request("cap2", prompt, RequestParams("alice", LAYOUT, capture=tuple(spans[:-1])))
+    _, plan = schedule(side, req, [1, 2, 3])
+    assert plan.evicts == [A]
+    assert [span.key for op in plan.captures for span in op.spans] == [B]
+    report = side.finished(req)
+    assert report is not None and report[PARAMS_KEY]["evicted"] == [[A.ns, A.name]]
+    assert set(side.registry) == {HEADER, B} and side.registered_tokens == 18
+    assert side.evictions == 1
+
+    # A request naming A is told it is missing (recomputed), B is still injected.
+    req = inject_request("r", ((HEADER, HEADER_IDS), (B, B_IDS), (A, A_IDS)))
+    claimed, _ = schedule(side, req, [1, 2, 3])
+    assert claimed == len(HEADER_IDS) + len(B_IDS)
+    body = side.finished(req)
+    assert body is not None and body[PARAMS_KEY]["missing"] == [[A.ns, A.name]]
+
+
+def test_injection_refreshes_recency() -> None:
+    side = SchedulerSide(budget_tokens=8 + 12 + 10 + 5)
+    capture_all(side)  # HEADER, A, B
+    req = inject_request("r", ((HEADER, HEADER_IDS), (A, A_IDS)))
+    schedule(side, req, [1, 2, 3])
+    side.finished(req)  # A is now more recent than B
+    report = capture_all(side, "cap2", ((HEADER, HEADER_IDS), (C, C_IDS + [1])))
+    assert report is not None and report[PARAMS_KEY]["evicted"] == [[B.ns, B.name]]
+    assert set(side.registry) == {HEADER, A, C}
+
+
+def test_a_fact_larger_than_the_budget_is_not_captured() -> None:
+    side = SchedulerSide(budget_tokens=15)
+    report = capture_all(side, parts=((HEADER, HEADER_IDS), (A, A_IDS)))
+    assert report is not None and report[PARAMS_KEY]["captured"] == [[HEADER.ns, HEADER.name]]
+    assert set(side.registry) == {HEADER} and side.registered_tokens == 8
+
+
+def test_registered_tokens_follow_every_change() -> None:
+    side = SchedulerSide(budget_tokens=1000)
+    capture_all(side)
+    assert side.registered_tokens == len(HEADER_IDS) + len(A_IDS) + len(B_IDS)
+    evict = request("e", QUESTION, RequestParams("alice", LAYOUT, evict=(A,)))
+    schedule(side, evict, [1])
+    side.finished(evict)
+    assert side.registered_tokens == len(HEADER_IDS) + len(B_IDS)
+    capture_all(side, "cap2", ((HEADER, HEADER_IDS), (B, B_IDS[:4])))  # B recaptured shorter
+    assert side.registered_tokens == len(HEADER_IDS) + 4
+    assert side.evictions == 0

@@ -73,3 +73,22 @@ def test_gather_reads_only_the_rows_it_needs() -> None:
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
                          text=True).stdout
     assert int(out) < 20, f"a gather of 40 rows grew the peak memory by {out.strip()} MiB"
+
+
+def test_slab_grows_up_to_its_maximum_then_refuses() -> None:
+    import pytest
+
+    from inferscale_memory.kv.slab import SlabFullError
+
+    slab = KVSlab(1, 1, 4, torch.float32, "cpu", capacity=8, max_capacity=20)
+    first = slab.allocate(8)
+    second = slab.allocate(10)  # grows to 18
+    assert slab.capacity == 18 and second == first + 8
+    assert slab.allocate(2) == 18  # grows to the maximum, 20, not to 36
+    assert slab.capacity == 20
+    with pytest.raises(SlabFullError):
+        slab.allocate(1)
+    assert slab.capacity == 20
+    slab.free(first, 8)
+    assert slab.allocate(8) == first  # freed rows serve again
+    assert KVSlab(1, 1, 4, torch.float32, "cpu", capacity=4096, max_capacity=50).capacity == 50
