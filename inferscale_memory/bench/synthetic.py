@@ -50,6 +50,51 @@ def write_dummy_model(folder: Path, shape: str) -> Path:
     return folder
 
 
+def write_random_model(folder: Path, shape: str, seed: int = 0) -> Path:
+    """A model folder with random weights of usable scale (a Llama-like ``shape``).
+
+    vLLM's ``load_format="dummy"`` draws every weight, norms included, from
+    U(-1e-3, 1e-3): its logits are uniform to ~1e-6, so comparing answers of two paths
+    proves nothing. Here norms are 1 and matrices N(0, 1/fan_in), so the logits depend
+    on every attended key and value. Load with ``load_format="safetensors"``.
+    """
+    import torch
+    from safetensors.torch import save_file
+
+    write_dummy_model(folder, shape)
+    gen = torch.Generator().manual_seed(seed)
+    weights = {}
+    for name, size in _llama_tensors(SHAPES[shape]).items():
+        if len(size) == 1:
+            weights[name] = torch.ones(size, dtype=torch.bfloat16)
+        else:  # embeddings N(0, 1), projections N(0, 1/fan_in)
+            scale = 1.0 if "embed_tokens" in name else size[1] ** -0.5
+            weights[name] = torch.randn(size, generator=gen, dtype=torch.bfloat16) * scale
+    save_file(weights, str(folder / "model.safetensors"))
+    return folder
+
+
+def _llama_tensors(cfg: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    """Tensor names and shapes of a Hugging Face Llama checkpoint."""
+    hidden, inter, dim = cfg["hidden_size"], cfg["intermediate_size"], cfg["head_dim"]
+    q, kv = cfg["num_attention_heads"] * dim, cfg["num_key_value_heads"] * dim
+    sizes = {"model.embed_tokens.weight": (cfg["vocab_size"], hidden),
+             "model.norm.weight": (hidden,), "lm_head.weight": (cfg["vocab_size"], hidden)}
+    for i in range(cfg["num_hidden_layers"]):
+        layer = f"model.layers.{i}."
+        sizes.update({
+            layer + "self_attn.q_proj.weight": (q, hidden),
+            layer + "self_attn.k_proj.weight": (kv, hidden),
+            layer + "self_attn.v_proj.weight": (kv, hidden),
+            layer + "self_attn.o_proj.weight": (hidden, q),
+            layer + "mlp.gate_proj.weight": (inter, hidden),
+            layer + "mlp.up_proj.weight": (inter, hidden),
+            layer + "mlp.down_proj.weight": (hidden, inter),
+            layer + "input_layernorm.weight": (hidden,),
+            layer + "post_attention_layernorm.weight": (hidden,)})
+    return sizes
+
+
 def dummy_runtime(folder: Path, **config: Any) -> VllmRuntime:
     engine_args = {"load_format": "dummy", "skip_tokenizer_init": True,
                    **config.pop("engine_args", {})}
