@@ -27,12 +27,15 @@ def test_fact_injected_where_captured_matches_vllms_prefix_cache(tmp_path: Path,
     from inferscale_memory.bench.synthetic import (
         SyntheticWorkload,
         dummy_runtime,
-        write_dummy_model,
+        write_random_model,
     )
 
     if _gpus() < tp:
         pytest.skip(f"needs {tp} GPUs")
-    runtime = dummy_runtime(write_dummy_model(tmp_path / "model", "llama-tiny"),
+    # Random weights of usable scale: vLLM's dummy weights give uniform logits, with which
+    # any KV would "match" (see write_random_model).
+    runtime = dummy_runtime(write_random_model(tmp_path / "model", "llama-tiny"),
+                            engine_args={"load_format": "safetensors"},
                             gpu_memory_utilization=0.3, max_model_len=2048,
                             tensor_parallel_size=tp)
     try:
@@ -53,8 +56,9 @@ def test_fact_injected_where_captured_matches_vllms_prefix_cache(tmp_path: Path,
         fresh, warm, kv, moved = runtime.run(asyncio.wait_for(scenario(), 300))
         assert warm.num_cached_tokens == 2 * block
         assert kv.report["injected_tokens"] == 2 * block
+        assert len(set(warm.logprobs[0].values())) > 1  # the logits say something
         assert kv.token_ids == warm.token_ids
-        assert kv.logprobs[0] == warm.logprobs[0]
+        assert kv.logprobs == warm.logprobs
         # header from the tenant's prefix cache, facts 1 and 0 (rotated to a new place) loaded
         assert moved.num_cached_tokens == 3 * block
         assert moved.report["injected_tokens"] == 2 * block
