@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -56,6 +57,9 @@ def add_bench_parser(commands: Any) -> None:
     ttft.add_argument("--trials", type=int, default=5)
     ttft.add_argument("--fact-words", type=int, default=16)
     ttft.add_argument("--seed", type=int, default=0)
+    ttft.add_argument("--connector-timing", action="store_true",
+                      help="log the connector's load step of each KV request (on a GPU it "
+                           "synchronises the device after each, costing some TTFT)")
     ttft.add_argument("--warmup", type=int, default=5,
                       help="rounds of both paths at every k before measuring")
 
@@ -160,6 +164,13 @@ def run_bench(args: argparse.Namespace) -> int:
         return _index(args)
     from inferscale_memory.bench import commands
 
+    loads = None
+    if args.workload == "ttft" and args.connector_timing:
+        from inferscale_memory.bench.synthetic import LoadLog
+        from inferscale_memory.connector.worker import TIMING_ENV
+
+        loads = LoadLog(Path(tempfile.mkdtemp()) / "connector-timing.jsonl")
+        os.environ[TIMING_ENV] = str(loads.path)  # the engine's processes inherit it
     with _engine(args.model) as engine:
         progress = not args.no_progress
         if args.workload == "locomo":
@@ -170,7 +181,8 @@ def run_bench(args: argparse.Namespace) -> int:
         elif args.workload == "ttft":
             run = commands.bench_ttft(engine, args.k, trials=args.trials,
                                       fact_words=args.fact_words, seed=args.seed,
-                                      warmup=args.warmup, out=args.out, progress=progress)
+                                      warmup=args.warmup, out=args.out, progress=progress,
+                                      loads=loads)
         else:
             run = commands.bench_throughput(
                 engine, args.concurrency, k=args.k, output_len=args.output_len,

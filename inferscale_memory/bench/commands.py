@@ -18,6 +18,7 @@ from inferscale_memory.bench.locomo import run_locomo
 from inferscale_memory.bench.locomo_dataset import load_locomo, select
 from inferscale_memory.bench.report import write_report
 from inferscale_memory.bench.run_folder import RunFolder
+from inferscale_memory.bench.synthetic import LoadLog
 from inferscale_memory.bench.throughput import run_throughput
 from inferscale_memory.bench.ttft import run_ttft
 from inferscale_memory.engine import MemoryEngine
@@ -48,14 +49,15 @@ def bench_locomo(engine: MemoryEngine, dataset: str | Path, ks: Sequence[int] = 
 
 def bench_ttft(engine: MemoryEngine, ks: Sequence[int] = (0, 10, 20, 40), *, trials: int = 5,
                fact_words: int = 16, seed: int = 0, warmup: int = 5, out: Path | None = None,
-               progress: bool = True) -> RunFolder:
-    """TTFT of both paths over k on random facts (see :mod:`.ttft`)."""
+               progress: bool = True, loads: LoadLog | None = None) -> RunFolder:
+    """TTFT of both paths over k on random facts (see :mod:`.ttft`); ``loads``: the
+    connector's load log the engine was started with (``INFERSCALE_CONNECTOR_TIMING``)."""
     _check_ks(ks, minimum=0)
     params = {"k": list(ks), "trials": trials, "fact_words": fact_words, "seed": seed,
               "warmup": warmup}
     run = RunFolder.create(out, "ttft", params)
     run.write_config(engine)
-    run_ttft(engine, ks, trials, fact_words, seed, run, progress, warmup)
+    run_ttft(engine, ks, trials, fact_words, seed, run, progress, warmup, loads)
     write_report(run)
     return run
 

@@ -55,11 +55,13 @@ def describe_run(config: dict[str, Any]) -> str:
 
 def ttft_tables(summary: dict[str, Any]) -> str:
     lines = ["| k | memory tokens | text TTFT median (p90) ms | KV TTFT median (p90) ms "
-             "| KV / text |", "|---|---|---|---|---|"]
+             "| KV / text | connector load ms |", "|---|---|---|---|---|---|"]
     for r in summary["ttft"]:
+        load = r.get("load_median_ms")
         lines.append(f"| {r['k']} | {r['memory_tokens']:.0f} | {r['text_median_ms']:.1f} "
                      f"({r['text_p90_ms']:.1f}) | {r['kv_median_ms']:.1f} "
-                     f"({r['kv_p90_ms']:.1f}) | {r['ratio']:.2f} |")
+                     f"({r['kv_p90_ms']:.1f}) | {r['ratio']:.2f} "
+                     f"| {'-' if load is None else f'{load:.2f}'} |")
     return "\n".join(lines)
 
 

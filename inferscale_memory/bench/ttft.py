@@ -18,6 +18,7 @@ from tqdm import tqdm
 
 from inferscale_memory.bench.run_folder import RunFolder
 from inferscale_memory.bench.stats import median, percentile
+from inferscale_memory.bench.synthetic import LoadLog
 from inferscale_memory.engine import MODES, MemoryEngine
 from inferscale_memory.results import ChatResult
 from inferscale_memory.store import Fact
@@ -38,6 +39,7 @@ class TtftRow:
     text_p90_ms: float
     kv_median_ms: float
     kv_p90_ms: float
+    load_median_ms: float | None = None  # the connector's load step (--connector-timing)
 
     @property
     def ratio(self) -> float:
@@ -56,13 +58,16 @@ def add_random_facts(engine: MemoryEngine, user_id: str, count: int, words: int,
 
 def run_ttft(engine: MemoryEngine, ks: Sequence[int] = (0, 10, 20, 40), trials: int = 5,
              fact_words: int = 16, seed: int = 0, run: RunFolder | None = None,
-             progress: bool = True, warmup: int = 5) -> list[TtftRow]:
+             progress: bool = True, warmup: int = 5,
+             loads: LoadLog | None = None) -> list[TtftRow]:
     """Measure TTFT per path and k; one row per k (records and summary go to ``run``).
 
     The (k, trial) pairs run in a shuffled order, each pair's paths in a random order, so
     a drift of the machine (a neighbour's load, the engine settling after the capture of
     many facts) spreads over every k and path instead of biasing the first ones measured.
-    ``warmup`` rounds (both paths at every k) run before.
+    ``warmup`` rounds (both paths at every k) run before. With ``loads`` (the engine was
+    started with the connector's load log on), each KV record gets the time of its load
+    step (``load_ms``).
     """
     rng = random.Random(seed)
     engine.reset_prefix_cache()  # an earlier run with this seed left these very prompts
@@ -77,6 +82,8 @@ def run_ttft(engine: MemoryEngine, ks: Sequence[int] = (0, 10, 20, 40), trials: 
             for k in ks:
                 for mode in MODES:
                     _one(engine, user_id, rng.sample(facts, k), mode)
+        if loads is not None:
+            loads.take()
         for k, trial in tqdm(plan, desc="ttft", disable=not progress):
             chosen = rng.sample(facts, k)
             for mode in rng.sample(MODES, len(MODES)):
@@ -85,6 +92,10 @@ def run_ttft(engine: MemoryEngine, ks: Sequence[int] = (0, 10, 20, 40), trials: 
                                 "memory_tokens": m.memory_tokens,
                                 "computed_tokens": m.computed_tokens,
                                 "injected_tokens": m.injected_tokens})
+                if loads is not None:
+                    steps = loads.take()
+                    if mode == "kv":
+                        records[-1]["load_ms"] = sum(step["ms"] for step in steps)
                 if run is not None:
                     run.append(records[-1])
     finally:
@@ -107,9 +118,10 @@ def ttft_rows(records: list[dict[str, Any]]) -> list[TtftRow]:
         times = {mode: [r["ttft_ms"] for r in records if r["k"] == k and r["mode"] == mode]
                  for mode in ("text", "kv")}
         tokens = [r["memory_tokens"] for r in records if r["k"] == k]
+        load = [r["load_ms"] for r in records if r["k"] == k and "load_ms" in r]
         rows.append(TtftRow(k, sum(tokens) / len(tokens), median(times["text"]),
                             percentile(times["text"], 90), median(times["kv"]),
-                            percentile(times["kv"], 90)))
+                            percentile(times["kv"], 90), median(load) if load else None))
     return rows
 
 

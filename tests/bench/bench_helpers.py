@@ -88,6 +88,7 @@ class FakeEngine:
     """Answers with the last retrieved fact; records every call."""
 
     def __init__(self) -> None:
+        self.ignore_eos: list[bool] = []
         self.memory = FakeMemory()
         self.config = type("Config", (), {"max_fact_tokens": 256, "dtype": "bfloat16"})()
         self.builder = type("Builder", (), {"fact_ids": staticmethod(str.split)})()
@@ -108,7 +109,8 @@ class FakeEngine:
         return ChatResult(text, metrics, facts, [], [1, 2, 3] if mode == "kv" else [1, 2, 4])
 
     async def achat(self, messages: list[dict[str, str]], *, user_id: str, mode: str,
-                    facts: list[Fact], max_tokens: int) -> ChatResult:
+                    facts: list[Fact], max_tokens: int, ignore_eos: bool = False) -> ChatResult:
+        self.ignore_eos.append(ignore_eos)
         await asyncio.sleep(0)
         return self.answer(messages, facts, user_id=user_id, mode=mode, max_tokens=max_tokens)
 

@@ -32,9 +32,33 @@ def test_ttft_run_folder(fake_engine: FakeEngine, tmp_path: Path) -> None:
     assert fake_engine.memory.facts == {}
 
 
+def test_ttft_reports_the_connector_load_step(fake_engine: FakeEngine, tmp_path: Path) -> None:
+    from inferscale_memory.bench.synthetic import LoadLog
+
+    loads = LoadLog(tmp_path / "log" / "connector-timing.jsonl")
+    answer = fake_engine.answer
+
+    def answer_and_log(messages, facts, **kwargs):  # as the worker logs each load step
+        if kwargs["mode"] == "kv":
+            with open(loads.path, "a") as log:
+                log.write(json.dumps({"ms": 0.5 * len(facts), "tokens": 1}) + "\n")
+        return answer(messages, facts, **kwargs)
+
+    fake_engine.answer = answer_and_log  # type: ignore[method-assign]
+    folder = bench_ttft(fake_engine, (2, 4), trials=3, out=tmp_path / "ttft",  # type: ignore[arg-type]
+                        progress=False, loads=loads).path
+    rows = [json.loads(x) for x in (folder / "requests.jsonl").read_text().splitlines()]
+    assert {r["load_ms"] for r in rows if r["mode"] == "kv" and r["k"] == 4} == {2.0}
+    assert all("load_ms" not in r for r in rows if r["mode"] == "text")
+    summary = json.loads((folder / "summary.json").read_text())
+    assert [r["load_median_ms"] for r in summary["ttft"]] == [1.0, 2.0]
+    assert "| 0.33 | 2.00 |" in (folder / "report.md").read_text()
+
+
 def test_throughput_run_folder(fake_engine: FakeEngine, tmp_path: Path) -> None:
     folder = bench_throughput(fake_engine, (1, 3), k=2, loop_requests=2,  # type: ignore[arg-type]
                               out=tmp_path / "tp", progress=False).path
+    assert fake_engine.ignore_eos and all(fake_engine.ignore_eos)  # exact output lengths
     summary = json.loads((folder / "summary.json").read_text())
     counts = {(e["concurrency"], e["pattern"], e["mode"]): e["requests"]
               for e in summary["throughput"]}
