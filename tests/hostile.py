@@ -9,10 +9,17 @@ huge strings, wrong types, forged ids, deep or non-JSON metadata, bad ``k``.
 from __future__ import annotations
 
 import math
+import sqlite3
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import pytest
 from hypothesis import strategies as st
+
+from inferscale_memory.errors import FactNotFoundError
+
+if TYPE_CHECKING:
+    from inferscale_memory.store import Fact, MemoryStore
 
 # Every character, lone surrogates included (st.text() leaves them out by default).
 ANY_CHAR = st.characters(exclude_categories=())
@@ -42,7 +49,6 @@ NOT_STR = st.one_of(
     st.lists(st.integers(), max_size=2),
     st.just(object()),
 )
-KINDS = ("user", "text", "query", "fact_id", "k", "metadata")
 
 
 def any_text(max_size: int = 40) -> st.SearchStrategy[str]:
@@ -164,8 +170,107 @@ class Draw:
     ) -> None:
         self._data = data
         self._strategies = strategies
-        self.hostile = data.draw(st.sampled_from((None, *KINDS)), "hostile argument")
+        self.hostile = data.draw(st.sampled_from((None, *strategies)), "hostile argument")
 
     def __call__(self, kind: str) -> Any:
         good, bad = self._strategies[kind]
         return self._data.draw(bad if kind == self.hostile else good, kind)
+
+
+def file_state(store: MemoryStore, users: list[str]) -> tuple[Any, ...]:
+    """Everything in the store's file (read on a second connection), plus index counts."""
+    conn = sqlite3.connect(store.path)
+    try:
+        tables = tuple(
+            conn.execute(f"SELECT * FROM {table} ORDER BY 1").fetchall()
+            for table in ("facts", "history", "users", "meta")
+        )
+    finally:
+        conn.close()
+    return tables, tuple(store.index.count(u) for u in users)
+
+
+def listed(store: MemoryStore, user: str) -> list[Fact]:
+    """``store.list`` of a user, ``[]`` for a user who never stored a fact."""
+    return store.list(user_id=user) if store.has_user(user) else []
+
+
+def draw_call(
+    data: st.DataObject,
+    api: Any,
+    store: MemoryStore,
+    callers: list[str],
+    forged: list[str],
+    max_chars: int,
+    names: list[str],
+) -> tuple[str, Any, Callable[[], Any], str | None]:
+    """Draw one call of the fact API ``api`` (a store, or an engine's ``memory``).
+
+    Returns:
+        (name, arguments, thunk, the hostile argument kind or None).
+    """
+
+    def ids() -> list[str]:
+        return forged + [f.id for user in callers for f in listed(store, user)]
+
+    draw = Draw(data, arguments(callers, ids, max_chars))
+    name = data.draw(st.sampled_from(names), "call")
+    user = draw("user")
+    if name == "add":
+        batch = data.draw(st.sampled_from([None, None, 0, 1, 3]), "batch size")
+        text = draw("text") if batch is None else [draw("text") for _ in range(batch)]
+        per_fact = batch is not None and data.draw(st.booleans(), "metadata per fact")
+        meta = [draw("metadata") for _ in range(batch or 0)] if per_fact else draw("metadata")
+        if per_fact and draw.hostile != "metadata":  # None is valid alone, not in a list
+            meta = [{} if m is None else m for m in meta]
+        return (
+            name,
+            (user, text, meta),
+            lambda: api.add(text, user_id=user, metadata=meta),
+            draw.hostile,
+        )
+    if name == "search":
+        query, k = draw("query"), draw("k")
+        return name, (user, k), lambda: api.search(query, user_id=user, k=k), draw.hostile
+    if name in ("list", "delete_all", "has_user"):
+        return name, (user,), lambda: getattr(api, name)(user_id=user), draw.hostile
+    fid = draw("fact_id")
+    if name == "update":
+        text, meta = draw("text"), draw("metadata")
+        return (
+            name,
+            (user, fid, text, meta),
+            lambda: api.update(fid, text, user_id=user, metadata=meta),
+            draw.hostile,
+        )
+    return name, (user, fid), lambda: getattr(api, name)(fid, user_id=user), draw.hostile
+
+
+def check_success(store: MemoryStore, name: str, args: tuple[Any, ...], result: Any) -> None:
+    """What a call that returned must have done, for its own tenant only."""
+    user = args[0]
+    if name == "add":
+        _, text, meta = args
+        facts = [result] if isinstance(text, str) else result
+        texts = [text] if isinstance(text, str) else list(text)
+        assert [f.text for f in facts] == texts
+        for fact in facts:
+            assert fact.user_id == user and store.get(fact.id, user_id=user) == fact
+            assert isinstance(meta, list) or fact.metadata == (meta or {})
+    elif name in ("get", "update", "delete"):
+        assert result.user_id == user and result.id == args[1]
+        if name == "update":
+            assert result.text == args[2] and store.get(args[1], user_id=user) == result
+        if name == "delete":
+            with pytest.raises(FactNotFoundError):
+                store.get(args[1], user_id=user)
+    elif name in ("list", "search"):
+        assert all(getattr(item, "fact", item).user_id == user for item in result)
+        if name == "search":
+            assert len(result) <= args[1]
+    elif name == "history":
+        assert result and all(e["user_id"] == user and e["fact_id"] == args[1] for e in result)
+    elif name == "delete_all":
+        assert isinstance(result, int) and store.list(user_id=user) == []
+    else:
+        assert isinstance(result, bool)

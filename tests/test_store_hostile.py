@@ -7,13 +7,10 @@ two tenants; a third one (the victim) only ever appears through forged fact ids.
 
 from __future__ import annotations
 
-import sqlite3
-from collections.abc import Callable, Iterator
-from pathlib import Path
-from typing import Any
+from collections.abc import Iterator
 
 import pytest
-from hostile import Draw, arguments, deep
+from hostile import check_success, deep, draw_call, file_state, listed
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
@@ -23,10 +20,11 @@ from inferscale_memory.errors import (
     InvalidInputError,
     UnknownUserError,
 )
-from inferscale_memory.store import Fact, MemoryStore
+from inferscale_memory.store import MemoryStore
 
 CALLERS = ["alice", "bob"]
 VICTIM = "victim"
+USERS = [*CALLERS, VICTIM]
 MAX_CHARS = 4000  # the store's default max_fact_chars
 CALLS = [
     "add",
@@ -71,111 +69,22 @@ def seeded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[MemorySto
         yield store, forged
 
 
-def file_state(store: MemoryStore) -> tuple[Any, ...]:
-    """Everything in the file (read on a second connection), plus the index counts."""
-    conn = sqlite3.connect(Path(store.path))
-    try:
-        tables = tuple(
-            conn.execute(f"SELECT * FROM {table} ORDER BY 1").fetchall()
-            for table in ("facts", "history", "users", "meta")
-        )
-    finally:
-        conn.close()
-    counts = tuple(store.index.count(u) for u in [*CALLERS, VICTIM])
-    return tables, counts
-
-
-def listed(store: MemoryStore, user: str) -> list[Fact]:
-    return store.list(user_id=user) if store.has_user(user) else []
-
-
-def calls(
-    store: MemoryStore, forged: list[str], data: st.DataObject
-) -> tuple[str, Any, Callable[[], Any], str | None]:
-    """Draw one call: (name, arguments, thunk, the hostile argument kind or None)."""
-
-    def ids() -> list[str]:
-        return forged + [f.id for user in CALLERS for f in listed(store, user)]
-
-    draw = Draw(data, arguments(CALLERS, ids, MAX_CHARS))
-    name = data.draw(st.sampled_from(CALLS), "call")
-    user = draw("user")
-    if name == "add":
-        batch = data.draw(st.sampled_from([None, None, 0, 1, 3]), "batch size")
-        text = draw("text") if batch is None else [draw("text") for _ in range(batch)]
-        per_fact = batch is not None and data.draw(st.booleans(), "metadata per fact")
-        meta = [draw("metadata") for _ in range(batch or 0)] if per_fact else draw("metadata")
-        if per_fact and draw.hostile != "metadata":  # None is valid alone, not in a list
-            meta = [{} if m is None else m for m in meta]
-        return (
-            name,
-            (user, text, meta),
-            lambda: store.add(text, user_id=user, metadata=meta),
-            draw.hostile,
-        )
-    if name == "search":
-        query, k = draw("query"), draw("k")
-        return name, (user, k), lambda: store.search(query, user_id=user, k=k), draw.hostile
-    if name in ("list", "delete_all", "has_user"):
-        return name, (user,), lambda: getattr(store, name)(user_id=user), draw.hostile
-    fid = draw("fact_id")
-    if name == "update":
-        text, meta = draw("text"), draw("metadata")
-        return (
-            name,
-            (user, fid, text, meta),
-            lambda: store.update(fid, text, user_id=user, metadata=meta),
-            draw.hostile,
-        )
-    return name, (user, fid), lambda: getattr(store, name)(fid, user_id=user), draw.hostile
-
-
-def check_success(store: MemoryStore, name: str, args: tuple, result: Any) -> None:
-    """What a call that returned must have done, for its own tenant only."""
-    user = args[0]
-    if name == "add":
-        _, text, meta = args
-        facts = [result] if isinstance(text, str) else result
-        texts = [text] if isinstance(text, str) else list(text)
-        assert [f.text for f in facts] == texts
-        for fact in facts:
-            assert fact.user_id == user and store.get(fact.id, user_id=user) == fact
-            assert isinstance(meta, list) or fact.metadata == (meta or {})
-    elif name in ("get", "update", "delete"):
-        assert result.user_id == user and result.id == args[1]
-        if name == "update":
-            assert result.text == args[2] and store.get(args[1], user_id=user) == result
-        if name == "delete":
-            with pytest.raises(FactNotFoundError):
-                store.get(args[1], user_id=user)
-    elif name in ("list", "search"):
-        assert all(getattr(item, "fact", item).user_id == user for item in result)
-        if name == "search":
-            assert len(result) <= args[1]
-    elif name == "history":
-        assert result and all(e["user_id"] == user and e["fact_id"] == args[1] for e in result)
-    elif name == "delete_all":
-        assert isinstance(result, int) and store.list(user_id=user) == []
-    else:
-        assert isinstance(result, bool)
-
-
 @HOSTILE
 @given(data=st.data())
 def test_hostile_calls_succeed_or_raise_typed_errors_and_change_nothing(
     seeded: tuple[MemoryStore, list[str]], data: st.DataObject
 ) -> None:
     store, forged = seeded
-    before = file_state(store)
-    lists_before = {u: listed(store, u) for u in [*CALLERS, VICTIM]}
-    name, args, call, hostile = calls(store, forged, data)
+    before = file_state(store, USERS)
+    lists_before = {u: listed(store, u) for u in USERS}
+    name, args, call, hostile = draw_call(data, store, store, CALLERS, forged, MAX_CHARS, CALLS)
     try:
         result = call()
     except InferScaleError as exc:
         event(f"{name}: {type(exc).__name__}")
         if hostile is None:  # valid arguments: at most not found (a forged id)
             assert isinstance(exc, FactNotFoundError | UnknownUserError), exc
-        assert file_state(store) == before, f"a refused {name} changed the store"
+        assert file_state(store, USERS) == before, f"a refused {name} changed the store"
         assert {u: listed(store, u) for u in lists_before} == lists_before
         return
     except Exception as exc:  # noqa: BLE001 - the property under test
@@ -183,7 +92,7 @@ def test_hostile_calls_succeed_or_raise_typed_errors_and_change_nothing(
     event(f"{name}: ok")
     assert listed(store, VICTIM) == lists_before[VICTIM], "another tenant's facts changed"
     if name in ("get", "list", "search", "history", "has_user"):
-        assert file_state(store) == before, f"the read {name} changed the store"
+        assert file_state(store, USERS) == before, f"the read {name} changed the store"
     check_success(store, name, args, result)
 
 
@@ -192,7 +101,7 @@ def test_deep_metadata_is_refused_with_a_typed_error(
     seeded: tuple[MemoryStore, list[str]], depth: int
 ) -> None:
     store, _ = seeded
-    before = file_state(store)
+    before = file_state(store, USERS)
     metadata = deep(depth)  # {"deep": [...]} nests depth + 1 levels
     if depth < 100:
         fact = store.add(
@@ -203,7 +112,7 @@ def test_deep_metadata_is_refused_with_a_typed_error(
         return
     with pytest.raises(InvalidInputError, match="nest"):
         store.add("A fact with metadata nested too deep.", user_id="alice", metadata=metadata)
-    assert file_state(store) == before
+    assert file_state(store, USERS) == before
 
 
 @pytest.mark.parametrize("bad", ["\ud800", "a\udfffb", "\udc80" * 3])
@@ -211,7 +120,7 @@ def test_lone_surrogates_are_invalid_input_everywhere(
     seeded: tuple[MemoryStore, list[str]], bad: str
 ) -> None:
     store, forged = seeded
-    before = file_state(store)
+    before = file_state(store, USERS)
     for call in (
         lambda: store.add(f"fact {bad}", user_id="alice"),
         lambda: store.add(["fine fact", f"fact {bad}"], user_id="alice"),
@@ -229,4 +138,4 @@ def test_lone_surrogates_are_invalid_input_everywhere(
     ):
         with pytest.raises(InvalidInputError, match="surrogate"):
             call()
-    assert file_state(store) == before
+    assert file_state(store, USERS) == before
