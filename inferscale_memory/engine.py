@@ -21,8 +21,9 @@ from typing import Any
 from inferscale_memory.config import MemoryConfig
 from inferscale_memory.connector.params import FactKey, RequestParams, Span
 from inferscale_memory.errors import ContextLengthError, InvalidInputError
-from inferscale_memory.layout import PromptBuilder, PromptLayout, validate_messages
+from inferscale_memory.layout import PromptBuilder, PromptLayout, is_unicode, validate_messages
 from inferscale_memory.memory import EngineMemory
+from inferscale_memory.options import DEFAULT_MAX_LOGPROBS, check_options
 from inferscale_memory.results import ChatChunk, ChatMetrics, ChatResult, KVStats
 from inferscale_memory.runtime import Completion, VllmRuntime
 from inferscale_memory.store import Fact, MemoryStore, ScoredFact
@@ -190,19 +191,14 @@ class MemoryEngine:
         k = self.config.k if k is None else k
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise InvalidInputError(f"k must be an integer >= 1, got {k!r}")
-        if mode not in MODES:
+        if not isinstance(mode, str) or mode not in MODES:
             raise InvalidInputError(f"mode must be one of {MODES}, got {mode!r}")
-        unknown = set(options) - {"max_tokens", "temperature", "stop", "logprobs", "seed",
-                                  "ignore_eos"}
-        if unknown:
-            raise InvalidInputError(f"unknown options {sorted(unknown)}")
-        max_tokens = options.pop("max_tokens", None) or self.config.max_tokens
-        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-            raise InvalidInputError(f"max_tokens must be an integer >= 1, got {max_tokens!r}")
-        temperature = options.get("temperature", 0.0)
-        if not isinstance(temperature, int | float) or not 0 <= temperature <= 2:
-            raise InvalidInputError("temperature must be a number in [0, 2]")
-        return conversation, k, max_tokens
+        checked = check_options(
+            options, default_max_tokens=self.config.max_tokens,
+            max_logprobs=self.config.engine_args.get("max_logprobs", DEFAULT_MAX_LOGPROBS))
+        options.clear()
+        options.update(checked)
+        return conversation, k, options.pop("max_tokens")
 
     async def _retrieve(self, query: str, user_id: str | None, k: int) -> list[ScoredFact]:
         if user_id is None:
@@ -216,6 +212,8 @@ class MemoryEngine:
         scored = [f if isinstance(f, ScoredFact) else ScoredFact(f, 0.0) for f in facts]
         if any(not isinstance(s.fact, Fact) or s.fact.user_id != user_id for s in scored):
             raise InvalidInputError("facts must be Fact objects of the same user_id")
+        if any(not isinstance(s.fact.text, str) or not is_unicode(s.fact.text) for s in scored):
+            raise InvalidInputError("a fact's text must be valid Unicode text")
         return scored
 
     def _check_length(self, layout: PromptLayout, max_tokens: int) -> None:

@@ -129,9 +129,22 @@ def validate_messages(messages: Any) -> list[dict[str, str]]:
         if not isinstance(message, dict):
             raise InvalidInputError(f"message {i} must be a dict")
         role, content = message.get("role"), message.get("content")
-        if role not in ROLES:
+        if not isinstance(role, str) or role not in ROLES:
             raise InvalidInputError(f"message {i}: role must be one of {sorted(ROLES)}")
         if not isinstance(content, str):
             raise InvalidInputError(f"message {i}: content must be a string")
+        if not is_unicode(content):
+            raise InvalidInputError(f"message {i}: content holds a lone surrogate; send "
+                                    "valid Unicode text")
         out.append({"role": role, "content": content})
     return out
+
+
+def is_unicode(text: str) -> bool:
+    """Whether ``text`` is valid Unicode: no lone surrogates, which UTF-8 (and so the
+    tokenizer) cannot encode."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True

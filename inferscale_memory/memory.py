@@ -73,7 +73,7 @@ class EngineMemory:
 
     async def aadd(self, text: Any, *, user_id: str, metadata: Any = None) -> Any:
         """Async :meth:`add`."""
-        texts = [text] if isinstance(text, str) else list(text)
+        texts = [text] if isinstance(text, str) else self.store.check_texts(text)
         for item in texts:
             self._check_tokens(item)
         added = await self._in_thread(self.store.add, text, user_id=user_id, metadata=metadata)
@@ -147,8 +147,7 @@ class EngineMemory:
             await self._engine.runtime.control(builder.header_ids[:1], params)
 
     def _check_tokens(self, text: Any) -> None:
-        if not isinstance(text, str) or not text.strip():
-            raise InvalidInputError("a fact must be a non-empty string")
+        text = self.store.check_text(text)  # type, blank, size, Unicode: before tokenizing
         limit = self._engine.config.max_fact_tokens
         count = len(self._engine.builder.fact_ids(text))
         if count > limit:

@@ -25,6 +25,20 @@ logger = logging.getLogger(__name__)
 
 MAX_USER_ID_CHARS = 128
 MAX_METADATA_CHARS = 65536
+MAX_METADATA_DEPTH = 100
+
+
+def unicode_text(value: str, name: str) -> str:
+    """Check that ``value`` is valid Unicode: no lone surrogates, which UTF-8 (SQLite,
+    tokenizers, JSON responses) cannot encode."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidInputError(
+            f"{name} holds a lone surrogate ({value[exc.start]!r} at position {exc.start}); "
+            "send valid Unicode text"
+        ) from None
+    return value
 
 
 def user_id(value: Any) -> str:
@@ -37,14 +51,14 @@ def user_id(value: Any) -> str:
         )
     if any(unicodedata.category(c) == "Cc" for c in value):
         raise InvalidInputError(f"user_id must not contain control characters; got {value!r}")
-    return value
+    return unicode_text(value, "user_id")
 
 
 def fact_id(value: Any) -> str:
     """Check a fact id: a str (an unknown one is reported later as not found)."""
     if not isinstance(value, str):
         raise InvalidInputError(f"fact_id must be a string; got {type(value).__name__}")
-    return value
+    return unicode_text(value, "fact_id")
 
 
 def text(value: Any, max_chars: int) -> str:
@@ -58,7 +72,7 @@ def text(value: Any, max_chars: int) -> str:
             f"a fact has {len(value)} characters; at most {max_chars} are allowed "
             "(split it into several facts)"
         )
-    return value
+    return unicode_text(value, "a fact")
 
 
 def text_list(value: Any) -> list[Any]:
@@ -74,7 +88,7 @@ def query(value: Any) -> str:
     """Check a search query: a non-blank str."""
     if not isinstance(value, str) or not value.strip():
         raise InvalidInputError("the query must be a non-empty string")
-    return value
+    return unicode_text(value, "the query")
 
 
 def positive_int(value: Any, name: str = "k") -> int:
@@ -88,10 +102,12 @@ def metadata(value: Any) -> dict[str, Any]:
     """Check metadata: a dict that survives a JSON round trip unchanged; return a copy."""
     if not isinstance(value, dict):
         raise InvalidInputError(f"metadata must be a dict; got {type(value).__name__}")
+    _shallow(value)
     try:
         encoded = json.dumps(value, allow_nan=False)
     except (TypeError, ValueError, RecursionError) as exc:
         raise InvalidInputError(f"metadata must be JSON-serialisable: {exc}") from exc
+    unicode_text(json.dumps(value, ensure_ascii=False), "metadata")
     if len(encoded) > MAX_METADATA_CHARS:
         raise InvalidInputError(
             f"metadata is {len(encoded)} characters as JSON; at most {MAX_METADATA_CHARS}"
@@ -103,6 +119,27 @@ def metadata(value: Any) -> dict[str, Any]:
             "list, dict); tuples, sets or non-str keys would come back changed"
         )
     return copy.deepcopy(decoded)
+
+
+def _shallow(value: dict[str, Any]) -> None:
+    """Refuse metadata nested deeper than MAX_METADATA_DEPTH or with more than
+    MAX_METADATA_CHARS values (checked without recursion and in bounded time, so that no
+    depth or shared sub-structure can exhaust the stack or the CPU in the checks after)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    seen = 0
+    while stack:
+        item, depth = stack.pop()
+        seen += 1
+        if seen > MAX_METADATA_CHARS:
+            raise InvalidInputError(f"metadata holds more than {MAX_METADATA_CHARS} values")
+        if not isinstance(item, dict | list | tuple):
+            continue
+        if depth > MAX_METADATA_DEPTH:
+            raise InvalidInputError(
+                f"metadata is nested more than {MAX_METADATA_DEPTH} levels deep; flatten it"
+            )
+        children = item.values() if isinstance(item, dict) else item
+        stack.extend((child, depth + 1) for child in children)
 
 
 def _same(decoded: Any, original: Any) -> bool:

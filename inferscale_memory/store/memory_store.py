@@ -195,6 +195,19 @@ class MemoryStore:
         logger.debug("Added %d fact(s) for %r", len(facts), user_id)
         return facts[0] if single else facts
 
+    def check_text(self, text: Any) -> str:
+        """Check one fact text as :meth:`add` and :meth:`update` do, without storing it.
+
+        Raises:
+            InvalidInputError: Not a str, blank, longer than ``max_fact_chars`` or not
+                valid Unicode.
+        """
+        return _checks.text(text, self._max_fact_chars)
+
+    def check_texts(self, texts: Any) -> builtins.list[str]:
+        """Check a batch of fact texts as :meth:`add` does, without storing them."""
+        return [self.check_text(t) for t in _checks.text_list(texts)]
+
     def get(self, fact_id: str, *, user_id: str) -> Fact:
         """Return one fact of the user; :class:`FactNotFoundError` if none (or another's)."""
         user_id = _checks.user_id(user_id)

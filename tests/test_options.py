@@ -1,0 +1,119 @@
+"""The checks of chat options (no engine): every value vLLM's engine core cannot take is
+refused with InvalidInputError before a request is sent (tests/test_engine_hostile.py
+sends them to the real engine)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from inferscale_memory.errors import InvalidInputError
+from inferscale_memory.layout import validate_messages
+from inferscale_memory.options import SEED_MAX, SEED_MIN, check_options
+
+
+def check(**options: Any) -> dict[str, Any]:
+    return check_options(options, default_max_tokens=16, max_logprobs=20)
+
+
+def test_defaults_and_normalised_values() -> None:
+    assert check() == {"max_tokens": 16, "temperature": 0.0}
+    assert check(max_tokens=None, temperature=None, seed=None) == check()
+    out = check(max_tokens=3, temperature=1, stop="END", seed=SEED_MIN, logprobs=0)
+    assert out == {
+        "max_tokens": 3,
+        "temperature": 1.0,
+        "stop": ["END"],
+        "seed": SEED_MIN,
+        "logprobs": 0,
+    }
+    assert isinstance(out["temperature"], float)
+    assert check(stop=("a", "b"), seed=SEED_MAX, logprobs=20)["stop"] == ["a", "b"]
+
+
+BAD = [
+    {"max_tokens": 0},
+    {"max_tokens": -1},
+    {"max_tokens": True},
+    {"max_tokens": 2.0},
+    {"max_tokens": "8"},
+    {"temperature": True},
+    {"temperature": "1"},
+    {"temperature": -0.1},
+    {"temperature": 2.5},
+    {"temperature": math.nan},
+    {"temperature": math.inf},
+    {"stop": 5},
+    {"stop": [5]},
+    {"stop": [""]},
+    {"stop": ""},
+    {"stop": ["\ud800"]},
+    {"stop": ["x"] * 17},
+    {"stop": ["y" * 257]},
+    {"stop": {"a": 1}},
+    {"stop": b"x"},
+    {"seed": "x"},
+    {"seed": True},
+    {"seed": 1.5},
+    {"seed": SEED_MAX + 1},
+    {"seed": SEED_MIN - 1},
+    {"logprobs": -1},
+    {"logprobs": 21},
+    {"logprobs": "5"},
+    {"logprobs": True},
+    {"ignore_eos": 1},
+    {"ignore_eos": "yes"},
+    {"kv_transfer_params": {}},
+    {"n": 2},
+]
+
+
+@pytest.mark.parametrize("options", BAD, ids=[repr(o)[:40] for o in BAD])
+def test_bad_options_are_refused(options: dict[str, Any]) -> None:
+    with pytest.raises(InvalidInputError):
+        check(**options)
+
+
+@settings(max_examples=300, derandomize=True, database=None)
+@given(
+    st.dictionaries(
+        st.sampled_from(["max_tokens", "temperature", "stop", "seed", "logprobs", "ignore_eos"]),
+        st.one_of(
+            st.none(),
+            st.booleans(),
+            st.integers(),
+            st.floats(),
+            st.text(),
+            st.lists(st.one_of(st.text(), st.integers())),
+        ),
+    )
+)
+def test_accepted_options_have_the_types_vllm_decodes(options: dict[str, Any]) -> None:
+    try:
+        out = check(**options)
+    except InvalidInputError:
+        return
+    assert type(out["max_tokens"]) is int and out["max_tokens"] >= 1
+    assert type(out["temperature"]) is float and 0 <= out["temperature"] <= 2
+    assert all(type(s) is str and s for s in out.get("stop", []))
+    assert type(out.get("seed", 0)) is int and SEED_MIN <= out.get("seed", 0) <= SEED_MAX
+    assert type(out.get("logprobs", 0)) is int and 0 <= out.get("logprobs", 0) <= 20
+    assert type(out.get("ignore_eos", False)) is bool
+
+
+@pytest.mark.parametrize(
+    "messages",
+    [
+        [{"role": ["user"], "content": "hi"}],
+        [{"role": {"a": 1}, "content": "hi"}],
+        [{"role": "user", "content": "hi \ud800"}],
+        [{"role": "user", "content": None}],
+    ],
+)
+def test_bad_messages_are_refused(messages: Any) -> None:
+    with pytest.raises(InvalidInputError):
+        validate_messages(messages)
