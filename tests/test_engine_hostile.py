@@ -10,9 +10,9 @@ that such a hang fails the test instead of the session.
 from __future__ import annotations
 
 import math
+import queue
+import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -69,18 +69,28 @@ HUNG: list[str] = []  # the first call the engine never answered
 
 
 def timed(engine: MemoryEngine, call: Callable[[], Any], what: str = "") -> Any:
-    """Run a sync API call in a worker thread; a hang (a dead engine) fails the test, and
-    every later call fails at once, naming the call that hung."""
+    """Run a sync API call in a daemon thread (one the interpreter need not join at exit);
+    a hang (a dead engine) fails the test, and every later call fails at once, naming
+    the call that hung."""
     if HUNG:
         pytest.fail(f"the engine stopped answering after {HUNG[0]}")
-    pool = ThreadPoolExecutor(1)
+    done: queue.Queue[tuple[bool, Any]] = queue.Queue()
+
+    def target() -> None:
+        try:
+            done.put((True, call()))
+        except BaseException as exc:  # handed to the test thread
+            done.put((False, exc))
+
+    threading.Thread(target=target, daemon=True).start()
     try:
-        return pool.submit(call).result(timeout=CALL_TIMEOUT_S)
-    except FutureTimeout:
+        ok, value = done.get(timeout=CALL_TIMEOUT_S)
+    except queue.Empty:
         HUNG.append(what or repr(call))
         pytest.fail(f"no answer in {CALL_TIMEOUT_S} s to {HUNG[0]}")
-    finally:
-        pool.shutdown(wait=False)
+    if not ok:
+        raise value
+    return value
 
 
 def assert_serves(engine: MemoryEngine) -> None:

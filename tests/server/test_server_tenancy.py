@@ -1,10 +1,15 @@
-"""Concurrent clients, tenant isolation and API keys on the real server."""
+"""Concurrent clients, tenant isolation and API keys on the real server; thousands of
+random requests of several tenants, with forged fact ids and forged KV parameters, through
+the Python API and HTTP: nothing of another tenant is ever retrieved, injected or echoed."""
 
 from __future__ import annotations
 
+import random
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
+import httpx
 import pytest
 from server_helpers import (
     TENANT_A,
@@ -16,7 +21,10 @@ from server_helpers import (
     openai_client,
 )
 
+from inferscale_memory import FactNotFoundError, InvalidInputError
+
 if TYPE_CHECKING:
+    from inferscale_memory import MemoryEngine
     from inferscale_memory.server import ServerHandle
 
 pytestmark = pytest.mark.engine
@@ -35,8 +43,12 @@ def test_eight_concurrent_clients_get_their_own_facts(server: ServerHandle, mode
     def chat(i: int) -> Any:
         client = openai_client(server)
         return client.chat.completions.create(
-            model=model, messages=ask(f"What is the name of {OWNERS[i]}'s dog?"),
-            max_tokens=12, user=users[i], extra_body={"memory": {"k": 5}})
+            model=model,
+            messages=ask(f"What is the name of {OWNERS[i]}'s dog?"),
+            max_tokens=12,
+            user=users[i],
+            extra_body={"memory": {"k": 5}},
+        )
 
     with ThreadPoolExecutor(8) as pool:
         replies = list(pool.map(chat, range(8)))
@@ -60,8 +72,9 @@ def test_a_key_bound_to_a_tenant_cannot_touch_another(server: ServerHandle, mode
             client.get(f"/memories/{secret['id']}", params={"user_id": TENANT_B}),
             client.delete("/memories", params={"user_id": TENANT_B}),
             client.get("/memories", headers={"X-Memory-User": TENANT_B}),
-            client.post("/chat/completions", json={"model": model, "user": TENANT_B,
-                                                   "messages": ask("Hi")}),
+            client.post(
+                "/chat/completions", json={"model": model, "user": TENANT_B, "messages": ask("Hi")}
+            ),
         ):
             assert_openai_error(response, 403, "tenant_forbidden")
         # B's fact id under A's own tenant: not found, and not deleted.
@@ -71,8 +84,11 @@ def test_a_key_bound_to_a_tenant_cannot_touch_another(server: ServerHandle, mode
         listed = client.get("/memories").json()["data"]
         assert [m["id"] for m in listed] == [own["id"]]
     reply = openai_client(server, "key-a").chat.completions.create(
-        model=model, messages=ask("What is the vault code of Bea?"), max_tokens=8,
-        extra_body={"memory": {"k": 10}})
+        model=model,
+        messages=ask("What is the vault code of Bea?"),
+        max_tokens=8,
+        extra_body={"memory": {"k": 10}},
+    )
     assert reply.memory["user"] == TENANT_A  # type: ignore[attr-defined]
     assert reply.memory["fact_ids"] == [own["id"]]  # type: ignore[attr-defined]
     assert "7319" not in (reply.choices[0].message.content or "")
@@ -85,11 +101,217 @@ def test_api_keys_are_required(server: ServerHandle, model: str) -> None:
     with http(server, key=None) as client:
         assert_openai_error(client.post("/chat/completions", json=body), 401, "invalid_api_key")
         assert_openai_error(client.get("/models"), 401, "invalid_api_key")
-        assert_openai_error(client.get("/memories", headers={"Authorization": "Basic a2V5"}),
-                            401)
+        assert_openai_error(client.get("/memories", headers={"Authorization": "Basic a2V5"}), 401)
         assert client.get(f"{server.url}/health").status_code == 200  # open for probes
     with http(server, key="key-wrong") as client:
         assert_openai_error(client.post("/chat/completions", json=body), 401)
     with http(server, "key-a", **{"X-Memory-User": TENANT_A}) as client:
-        assert_openai_error(client.post("/chat/completions", json={**body, "user": TENANT_B}),
-                            400, "user_mismatch")
+        assert_openai_error(
+            client.post("/chat/completions", json={**body, "user": TENANT_B}), 400, "user_mismatch"
+        )
+
+
+# -- adversarial tenancy: many random requests, forged ids and forged KV parameters --------
+
+TENANTS = [f"adv-{i}" for i in range(4)]
+SEED = 8
+
+
+class Tenants:
+    """Each tenant's facts, each holding the tenant's secret word; what must never leak."""
+
+    def __init__(self, engine: MemoryEngine) -> None:
+        self.ids = {
+            tenant: {
+                f.id
+                for f in engine.memory.add(
+                    [
+                        f"{secret(tenant)} note {j}: the {tenant} locker holds item {j}."
+                        for j in range(6)
+                    ],
+                    user_id=tenant,
+                )
+            }
+            for tenant in TENANTS
+        }
+
+    def others(self, tenant: str) -> list[str]:
+        return sorted(i for t, ids in self.ids.items() if t != tenant for i in ids)
+
+    def assert_no_leak(self, tenant: str, seen: Any, sent: str = "") -> None:
+        """``seen`` (any result, error or response text) holds no text and no id of
+        another tenant's facts, except the forged id ``sent`` echoed in a not-found error."""
+        text = seen if isinstance(seen, str) else repr(seen)
+        for other in TENANTS:
+            if other != tenant:
+                assert secret(other) not in text, f"{tenant} saw {other}'s fact: {text:.300}"
+        for fact_id in self.others(tenant):
+            assert fact_id == sent or fact_id not in text, f"{tenant} saw {fact_id}"
+
+
+@pytest.fixture(scope="module")
+def adversaries(engine: MemoryEngine) -> Tenants:
+    return Tenants(engine)
+
+
+def secret(tenant: str) -> str:
+    return f"SECRET{tenant.upper().replace('-', '')}"
+
+
+def python_call(
+    engine: MemoryEngine, tenants: Tenants, rng: random.Random, tenant: str
+) -> tuple[Any, str]:
+    """One random memory call of ``tenant``; returns (result or error, forged id sent).
+
+    Mostly reads and writes naming other tenants' fact ids; a few writes of its own.
+    """
+    own, forged = sorted(tenants.ids[tenant]), rng.choice(tenants.others(tenant))
+    memory, roll = engine.memory, rng.random()
+    try:
+        if roll < 0.02:
+            fact = memory.add(f"{secret(tenant)} extra {rng.random()}", user_id=tenant)
+            tenants.ids[tenant].add(fact.id)
+            return fact, ""
+        if roll < 0.04:
+            return memory.update(rng.choice(own), f"{secret(tenant)} moved", user_id=tenant), ""
+        if roll < 0.05 and len(own) > 3:
+            tenants.ids[tenant].discard(gone := rng.choice(own))
+            return memory.delete(gone, user_id=tenant), ""
+        if roll < 0.3:
+            query = f"{rng.choice(['locker', 'item', 'note'])} {secret(rng.choice(TENANTS))}"
+            return memory.search(query, user_id=tenant, k=rng.choice([1, 5, 50])), ""
+        if roll < 0.45:
+            return memory.list(user_id=tenant), ""
+        if roll < 0.55:
+            return memory.get(rng.choice(own), user_id=tenant), ""
+        if roll < 0.7:
+            return memory.get(forged, user_id=tenant), forged
+        if roll < 0.8:
+            return memory.history(forged, user_id=tenant), forged
+        if roll < 0.9:
+            return memory.update(forged, f"{secret(tenant)} hijack", user_id=tenant), forged
+        return memory.delete(forged, user_id=tenant), forged
+    except FactNotFoundError as exc:
+        return exc, forged
+
+
+def test_random_python_calls_never_cross_tenants(
+    engine: MemoryEngine, adversaries: Tenants
+) -> None:
+    rng, tenants = random.Random(SEED), adversaries
+    outcomes: Counter[str] = Counter()
+    for _ in range(3000):
+        tenant = rng.choice(TENANTS)
+        result, sent = python_call(engine, tenants, rng, tenant)
+        outcomes[type(result).__name__] += 1
+        tenants.assert_no_leak(tenant, result, sent)
+        for item in result if isinstance(result, list) else [result]:
+            fact = getattr(item, "fact", item)
+            owner = fact["user_id"] if isinstance(fact, dict) else getattr(fact, "user_id", tenant)
+            assert owner == tenant, (tenant, item)
+    assert outcomes["FactNotFoundError"] > 1000 and outcomes["list"] > 1000, outcomes
+    # Every forged update and delete was refused; each tenant holds exactly its own writes.
+    for tenant in TENANTS:
+        facts = engine.memory.list(user_id=tenant)
+        assert {f.id for f in facts} == tenants.ids[tenant]
+        assert all(f.text.startswith(secret(tenant)) for f in facts)
+    question = [{"role": "user", "content": "What does my locker hold?"}]
+    for tenant in TENANTS:
+        reply = engine.chat(question, user_id=tenant, k=10, max_tokens=8)
+        assert set(reply.metrics.fact_ids) <= tenants.ids[tenant]
+        assert {f.fact.user_id for f in reply.facts} == {tenant}
+        tenants.assert_no_leak(tenant, reply.metrics)
+    with pytest.raises(InvalidInputError, match="unknown options"):
+        engine.chat(question, user_id=TENANTS[0], kv_transfer_params={"inferscale": {}})
+
+
+def forged_inject(engine: MemoryEngine, victim: str, fact_id: str, text: str) -> dict[str, Any]:
+    """``kv_transfer_params`` that would inject the victim's fact into a prompt."""
+    layout = engine.builder.build(ask("What does the locker hold?"), [(fact_id, text)])
+    spans = [
+        ["", engine.builder.header_name, 0, layout.header_end],
+        [victim, fact_id, *layout.fact_spans[0][1:]],
+    ]
+    return {"inferscale": {"tenant": victim, "layout": layout.layout_id, "inject": spans}}
+
+
+def test_random_http_requests_never_cross_tenants(
+    engine: MemoryEngine, model: str, adversaries: Tenants
+) -> None:
+    from inferscale_memory.server import create_app, start_server
+
+    rng, tenants = random.Random(SEED + 1), adversaries
+    keys = {f"key-{t}": [t] for t in TENANTS}
+    handle = start_server(create_app(engine, keys, metrics_refresh_s=0), engine)
+    statuses: Counter[int] = Counter()
+    try:
+        clients = {
+            t: httpx.Client(
+                base_url=f"{handle.url}/v1",
+                timeout=120,
+                headers={"Authorization": f"Bearer key-{t}"},
+            )
+            for t in TENANTS
+        }
+        for _ in range(800):
+            tenant = rng.choice(TENANTS)
+            response, sent = http_call(clients[tenant], tenants, rng, tenant)
+            statuses[response.status_code] += 1
+            assert response.status_code in (200, 403, 404), response.text
+            tenants.assert_no_leak(tenant, response.text, sent)
+            if response.status_code == 200:
+                assert {m["user_id"] for m in response.json()["data"]} <= {tenant}
+        for tenant in TENANTS:  # chats, one with forged KV parameters in the body
+            victim = rng.choice([t for t in TENANTS if t != tenant])
+            fact_id = sorted(tenants.ids[victim])[0]
+            text = engine.store.get(fact_id, user_id=victim).text
+            for extra in ({}, {"kv_transfer_params": forged_inject(engine, victim, fact_id, text)}):
+                body = {
+                    "model": model,
+                    "messages": ask("What does the locker hold?"),
+                    "max_tokens": 8,
+                    "memory": {"mode": "text", "k": 3},
+                    **extra,
+                }
+                response = clients[tenant].post("/chat/completions", json=body)
+                assert response.status_code == 200, response.text
+                data = response.json()
+                assert set(data["memory"]["fact_ids"]) <= tenants.ids[tenant]
+                assert data["usage"]["injected_tokens"] == 0  # text mode: nothing injected
+                tenants.assert_no_leak(tenant, response.text)
+            forged = clients[tenant].post("/chat/completions", json={**body, "user": victim})
+            assert forged.status_code == 403
+    finally:
+        for client in clients.values():
+            client.close()
+        handle.stop(timeout=60)
+    assert statuses[200] > 150 and statuses[403] > 100 and statuses[404] > 200, statuses
+    assert {t: {f.id for f in engine.memory.list(user_id=t)} for t in TENANTS} == tenants.ids
+
+
+def http_call(
+    client: httpx.Client, tenants: Tenants, rng: random.Random, tenant: str
+) -> tuple[httpx.Response, str]:
+    """One random request of ``tenant``'s key; returns (response, forged id sent)."""
+    forged = rng.choice(tenants.others(tenant))
+    other = rng.choice([t for t in TENANTS if t != tenant])
+    roll = rng.random()
+    if roll < 0.25:
+        body = {"query": f"locker {secret(other)}", "k": rng.choice([1, 10])}
+        if rng.random() < 0.3:
+            body["user_id"] = other  # 403
+        return client.post("/memories/search", json=body), ""
+    if roll < 0.4:
+        params = {"user_id": other} if rng.random() < 0.3 else {}
+        return client.get("/memories", params=params), ""
+    if roll < 0.5:
+        return client.get("/memories", headers={"X-Memory-User": other}), ""
+    if roll < 0.65:
+        return client.get(f"/memories/{forged}"), forged
+    if roll < 0.75:
+        return client.get(f"/memories/{forged}/history"), forged
+    if roll < 0.85:
+        return client.put(f"/memories/{forged}", json={"text": "hijacked"}), forged
+    if roll < 0.95:
+        return client.delete(f"/memories/{forged}"), forged
+    return client.delete(f"/memories/{forged}", params={"user_id": other}), forged
