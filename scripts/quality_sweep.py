@@ -29,9 +29,6 @@ def parse_setting(text: str) -> tuple[str, dict[str, object]]:
 
 
 def main() -> None:
-    from inferscale_memory.bench.commands import bench_locomo
-    from inferscale_memory.engine import MemoryEngine
-
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--dataset", type=Path, required=True)
     parser.add_argument("--model", default=None)
@@ -41,8 +38,16 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("settings", nargs="+", help="NAME=fact_order,recompute_tail,context")
+    parser.add_argument("--table-only", action="store_true",
+                        help="print the table of the runs already in --out, run nothing")
     args = parser.parse_args()
     settings = dict(parse_setting(text) for text in args.settings)
+    if args.table_only:
+        print(table(args.out, list(settings)))
+        return
+    from inferscale_memory.bench.commands import bench_locomo
+    from inferscale_memory.engine import MemoryEngine
+
     # Baselines first: the other settings reuse their text path.
     order = sorted(settings, key=lambda n: (settings[n]["recompute_tail"] != 0
                                             or settings[n]["capture_context"] != 0))
@@ -63,14 +68,27 @@ def main() -> None:
                                progress=False)
             if is_base:
                 baselines[levers["fact_order"]] = run.path
-            summary = json.loads((run.path / "summary.json").read_text())
-            for row in summary["by_k"]:
-                print(f"{name} k={row['k']} n={row['questions']} "
-                      f"text={row['text']['f1']:.3f} kv={row['kv']['f1']:.3f} "
-                      f"diff={row['f1_diff']:+.3f}+-{row['f1_diff_ci95']:.3f} "
-                      f"agree={row['agreement']:.2f} "
-                      f"ttft text={row['text']['ttft_median_ms']:.0f} "
-                      f"kv={row['kv']['ttft_median_ms']:.0f} ms", flush=True)
+            print(table(args.out, [name]), flush=True)
+    print(table(args.out, order))
+
+
+def table(out: Path, names: list[str]) -> str:
+    """A markdown table of the settings' summaries (F1, agreement, TTFT per k)."""
+    lines = ["| setting | k | n | text F1 | KV F1 | KV - text (95% CI) | agreement "
+             "| TTFT text ms | TTFT KV ms | computed tokens KV |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for name in names:
+        path = out / name / "summary.json"
+        if not path.exists():
+            continue
+        for row in json.loads(path.read_text())["by_k"]:
+            kv, text = row["kv"], row["text"]
+            lines.append(
+                f"| {name} | {row['k']} | {row['questions']} | {text['f1']:.3f} "
+                f"| {kv['f1']:.3f} | {row['f1_diff']:+.3f} (+-{row['f1_diff_ci95']:.3f}) "
+                f"| {row['agreement']:.2f} | {text['ttft_median_ms']:.0f} "
+                f"| {kv['ttft_median_ms']:.0f} | {kv['computed_tokens']:.0f} |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
