@@ -23,6 +23,8 @@ from inferscale_memory.errors import ConfigError
 
 ENV_PREFIX = "INFERSCALE_"
 INDEX_BACKENDS = ("exact", "qdrant")
+FACT_ORDERS = ("rank", "time")
+MAX_CAPTURE_CONTEXT = 32
 _COLLECTION_NAME = re.compile(r"[A-Za-z0-9_.-]{1,255}")
 
 
@@ -75,6 +77,18 @@ class MemoryConfig:
             ``"http://qdrant:6333"`` (instead of ``qdrant_path``).
         qdrant_api_key: The Qdrant server's API key (with ``qdrant_url``).
         qdrant_collection: The Qdrant collection; one collection per fact store.
+        fact_order: Order of the retrieved facts in the prompt: ``"rank"`` (best-ranked
+            fact last, nearest the question) or ``"time"`` (oldest first, by the facts'
+            ``created_at``: the order in which they were added). Per call:
+            ``chat(..., fact_order=...)``.
+        recompute_tail: How many facts at the end of the prompt's memory span vLLM
+            computes from their text instead of having their KV injected: those facts
+            attend to every fact before them, at the cost of prefilling their tokens.
+            ``0`` injects every fact. Per call: ``chat(..., recompute_tail=...)``.
+        capture_context: How many of the user's earlier facts (in the order they were
+            added) precede a fact in the prompt that captures its KV; only the fact's own
+            KV is kept, but it has attended to them. ``0`` captures each fact right after
+            the header. Costs capture tokens only, nothing at answer time.
     """
 
     model: str | None = None
@@ -99,6 +113,9 @@ class MemoryConfig:
     qdrant_url: str | None = None
     qdrant_api_key: str | None = field(default=None, repr=False)  # a secret: kept out of logs
     qdrant_collection: str = "inferscale_facts"
+    fact_order: str = "rank"
+    recompute_tail: int = 0
+    capture_context: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cache_dir", Path(self.cache_dir).expanduser())
@@ -113,6 +130,13 @@ class MemoryConfig:
              and 0 < self.kv_pool_gb < 1 << 20, "kv_pool_gb must be a number > 0"),
             (0 < self.gpu_memory_utilization <= 1, "gpu_memory_utilization must be in (0, 1]"),
             (self.tensor_parallel_size >= 1, "tensor_parallel_size must be >= 1"),
+            (self.fact_order in FACT_ORDERS,
+             f"fact_order must be one of {FACT_ORDERS}; got {self.fact_order!r}"),
+            (self.recompute_tail >= 0,
+             f"recompute_tail must be >= 0 (facts computed from text); got {self.recompute_tail}"),
+            (0 <= self.capture_context <= MAX_CAPTURE_CONTEXT,
+             f"capture_context must be in [0, {MAX_CAPTURE_CONTEXT}] (earlier facts before "
+             f"each captured fact); got {self.capture_context}"),
         ]
         for ok, message in checks + self._index_checks():
             if not ok:

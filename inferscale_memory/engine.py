@@ -18,10 +18,16 @@ import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
-from inferscale_memory.config import MemoryConfig
+from inferscale_memory.config import FACT_ORDERS, MemoryConfig
 from inferscale_memory.connector.params import FactKey, RequestParams, Span
 from inferscale_memory.errors import ContextLengthError, InvalidInputError
-from inferscale_memory.layout import PromptBuilder, PromptLayout, is_unicode, validate_messages
+from inferscale_memory.layout import (
+    PromptBuilder,
+    PromptLayout,
+    is_unicode,
+    prompt_order,
+    validate_messages,
+)
 from inferscale_memory.memory import EngineMemory
 from inferscale_memory.options import DEFAULT_MAX_LOGPROBS, check_options
 from inferscale_memory.results import ChatChunk, ChatMetrics, ChatResult, KVStats
@@ -78,6 +84,10 @@ class MemoryEngine:
             k: Facts to retrieve (default ``config.k``).
             mode: ``"kv"`` injects the facts' KV; ``"text"`` sends the identical token ids
                 and lets vLLM prefill them (for A/B and as the fallback).
+            fact_order: ``"rank"`` (best-ranked fact last) or ``"time"`` (oldest first);
+                default ``config.fact_order``.
+            recompute_tail: Facts at the end of the memory span that vLLM computes from
+                text instead of injecting (``kv`` mode); default ``config.recompute_tail``.
             **options: ``max_tokens``, ``temperature``, ``stop``, ``logprobs``, ``seed``,
                 ``ignore_eos`` (generate exactly ``max_tokens``, for benchmarks).
         """
@@ -108,6 +118,7 @@ class MemoryEngine:
     async def astream_chat(self, messages: Sequence[dict[str, Any]], *,
                            user_id: str | None = None, k: int | None = None,
                            mode: str = "kv", facts: Sequence[Fact | ScoredFact] | None = None,
+                           fact_order: str | None = None, recompute_tail: int | None = None,
                            **options: Any) -> AsyncIterator[ChatChunk]:
         """Async streaming answer; see :meth:`chat` for the arguments.
 
@@ -116,15 +127,16 @@ class MemoryEngine:
         """
         start = time.perf_counter()
         conversation, k, max_tokens = self._check_request(messages, k, mode, options)
+        order, tail = self._check_quality(fact_order, recompute_tail)
         if facts is None:
             facts = await self._retrieve(conversation[-1]["content"], user_id, k)
         else:
             facts = self._own_facts(facts, user_id)
         retrieval_s = time.perf_counter() - start
-        ordered = list(reversed(facts))  # best-ranked last, nearest the question
+        ordered = prompt_order(facts, order)
         layout = self.builder.build(conversation, [(f.fact.id, f.fact.text) for f in ordered])
         self._check_length(layout, max_tokens)
-        params = self._inject_params(layout, user_id) if mode == "kv" else None
+        params = self._inject_params(layout, user_id, tail) if mode == "kv" else None
         async for delta in self.runtime.stream(layout.token_ids, max_tokens=max_tokens,
                                                params=params, salted=True, **options):
             if delta.completion is None:
@@ -200,6 +212,16 @@ class MemoryEngine:
         options.update(checked)
         return conversation, k, options.pop("max_tokens")
 
+    def _check_quality(self, fact_order: str | None, recompute_tail: int | None
+                       ) -> tuple[str, int]:
+        order = self.config.fact_order if fact_order is None else fact_order
+        tail = self.config.recompute_tail if recompute_tail is None else recompute_tail
+        if order not in FACT_ORDERS:
+            raise InvalidInputError(f"fact_order must be one of {FACT_ORDERS}, got {order!r}")
+        if isinstance(tail, bool) or not isinstance(tail, int) or tail < 0:
+            raise InvalidInputError(f"recompute_tail must be an integer >= 0, got {tail!r}")
+        return order, tail
+
     async def _retrieve(self, query: str, user_id: str | None, k: int) -> list[ScoredFact]:
         if user_id is None:
             return []
@@ -223,11 +245,18 @@ class MemoryEngine:
                 f"prompt of {len(layout.token_ids)} tokens + max_tokens {max_tokens} exceeds "
                 f"the context of {limit}; shorten the conversation or lower k/max_tokens")
 
-    def _inject_params(self, layout: PromptLayout, user_id: str | None) -> RequestParams | None:
+    def _inject_params(self, layout: PromptLayout, user_id: str | None,
+                       recompute_tail: int = 0) -> RequestParams | None:
+        """Name the header and every fact but the last ``recompute_tail`` for injection.
+
+        The connector injects a contiguous run of spans from position 0; vLLM computes
+        the rest of the prompt, so the unnamed tail facts attend to all facts before them.
+        """
         if user_id is None:
             return None
+        named = layout.fact_spans[:max(0, len(layout.fact_spans) - recompute_tail)]
         spans = [Span(FactKey("", self.builder.header_name), 0, layout.header_end)]
-        spans += [Span(FactKey(user_id, fid), a, b) for fid, a, b in layout.fact_spans]
+        spans += [Span(FactKey(user_id, fid), a, b) for fid, a, b in named]
         return RequestParams(user_id, layout.layout_id, inject=tuple(spans))
 
     def _result(self, done: Completion, layout: PromptLayout, ordered: list[ScoredFact],

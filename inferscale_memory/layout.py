@@ -20,9 +20,12 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from inferscale_memory.errors import InvalidInputError
+
+if TYPE_CHECKING:
+    from inferscale_memory.store import ScoredFact
 
 PREAMBLE = (
     "You are a helpful assistant with a long-term memory. "
@@ -89,14 +92,20 @@ class PromptBuilder:
         token_ids.extend(self._encode(footer_text))
         return PromptLayout(token_ids, len(self.header_ids), spans, self.layout_id)
 
-    def capture_prompt(self, text: str | None) -> tuple[list[int], int, int]:
+    def capture_prompt(self, text: str | None, context: Sequence[str] = ()
+                       ) -> tuple[list[int], int, int]:
         """The prompt that captures one fact (``None``: only the header).
 
-        Returns ``(ids, start, end)``: header + fact + padding, and the fact's span.
+        ``context``: texts of facts placed between the header and the fact (the fact's
+        KV then has attended to them; only the fact's span is kept).
+        Returns ``(ids, start, end)``: header + context + fact + padding, and the fact's span.
         """
         ids = self.fact_ids(text) if text is not None else ()
-        start = len(self.header_ids)
-        prompt = list(self.header_ids) + list(ids)
+        prompt = list(self.header_ids)
+        for other in context:
+            prompt.extend(self.fact_ids(other))
+        start = len(prompt)
+        prompt.extend(ids)
         padding = self._encode("\n")[:1] * max(1, MIN_CAPTURE_TOKENS - len(prompt))
         return prompt + padding, start, start + len(ids)
 
@@ -118,6 +127,19 @@ class PromptBuilder:
             raise InvalidInputError("the chat template does not keep the system message")
         header, footer = rendered.split(SENTINEL)
         return header, footer
+
+
+def prompt_order(facts: Sequence[ScoredFact], order: str) -> list[ScoredFact]:
+    """Retrieved ``facts`` (best first) in prompt order.
+
+    ``"rank"``: best-ranked last, nearest the question. ``"time"``: oldest first, by
+    ``created_at`` (then id), the order of the adds, e.g. for questions about when.
+    """
+    if order == "rank":
+        return list(reversed(facts))
+    if order == "time":
+        return sorted(facts, key=lambda f: (f.fact.created_at, f.fact.id))
+    raise InvalidInputError(f"fact order must be 'rank' or 'time', got {order!r}")
 
 
 def validate_messages(messages: Any) -> list[dict[str, str]]:

@@ -114,8 +114,37 @@ class EngineMemory:
     # -- engine requests -----------------------------------------------------------------
 
     async def capture(self, user_id: str, facts: Sequence[Fact]) -> None:
-        """Have the engine compute and keep the KV of ``facts`` (concurrently)."""
-        await asyncio.gather(*(self._capture_one(user_id, fact) for fact in facts))
+        """Have the engine compute and keep the KV of ``facts`` (concurrently).
+
+        With ``config.capture_context`` = n > 0, each fact is captured after the n facts
+        of the user added just before it (only the fact's own KV is kept).
+        """
+        contexts = await self._contexts(user_id, facts)
+        await asyncio.gather(*(self._capture_one(user_id, fact, contexts.get(fact.id, ()))
+                               for fact in facts))
+
+    async def _contexts(self, user_id: str, facts: Sequence[Fact]
+                        ) -> dict[str, tuple[str, ...]]:
+        """Per fact id, the texts of the facts that precede it in its capture prompt."""
+        count = self._engine.config.capture_context
+        if count == 0 or not facts:
+            return {}
+        timeline = await self._in_thread(self.store.list, user_id=user_id)
+        position = {fact.id: i for i, fact in enumerate(timeline)}
+        budget = self._engine.runtime.max_model_len - 1
+        contexts = {}
+        for fact in facts:
+            end = position.get(fact.id, 0)
+            before = [f.text for f in timeline[max(0, end - count):end]]
+            contexts[fact.id] = self._fit(before, fact.text, budget)
+        return contexts
+
+    def _fit(self, context: list[str], text: str, budget: int) -> tuple[str, ...]:
+        """Drop the earliest context facts until the capture prompt fits the context."""
+        builder = self._engine.builder
+        while context and len(builder.capture_prompt(text, context)[0]) > budget:
+            context = context[1:]
+        return tuple(context)
 
     async def capture_header(self) -> None:
         """Capture the shared prompt header on its own.
@@ -129,11 +158,11 @@ class EngineMemory:
         self._engine.kv_stats.record_capture(
             await self._engine.runtime.control(token_ids, params))
 
-    async def _capture_one(self, user_id: str, fact: Fact) -> None:
+    async def _capture_one(self, user_id: str, fact: Fact, context: Sequence[str] = ()) -> None:
         builder = self._engine.builder
-        token_ids, start, end = builder.capture_prompt(fact.text)
+        token_ids, start, end = builder.capture_prompt(fact.text, context)
         params = RequestParams(user_id, builder.layout_id, capture=(
-            Span(FactKey("", builder.header_name), 0, start),
+            Span(FactKey("", builder.header_name), 0, len(builder.header_ids)),
             Span(FactKey(user_id, fact.id), start, end)))
         self._engine.kv_stats.record_capture(
             await self._engine.runtime.control(token_ids, params))

@@ -23,7 +23,7 @@ class ChatMetrics:
         cached_tokens: Prompt tokens served by vLLM's own prefix cache.
         computed_tokens: Prompt tokens vLLM computed in this request.
         output_tokens: Tokens of the answer.
-        fact_ids: Ids of the facts in the prompt, in prompt order (best-ranked last).
+        fact_ids: Ids of the facts in the prompt, in prompt order (see ``fact_order``).
         recomputed_fact_ids: Facts named for injection whose KV was missing, so they were
             recomputed from text (and are recaptured in the background).
     """

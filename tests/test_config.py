@@ -32,6 +32,9 @@ def test_precedence_kwargs_over_env_over_file(tmp_path: Path,
     {"index": "qdrant", "qdrant_path": "/srv/qdrant", "qdrant_api_key": "k"},
     {"index": "qdrant", "qdrant_url": "qdrant:6333"}, {"index": "qdrant", "qdrant_path": ""},
     {"index": "qdrant", "qdrant_collection": "a/b"}, {"index": "qdrant", "qdrant_collection": ""},
+    {"fact_order": "random"}, {"fact_order": 1}, {"recompute_tail": -1},
+    {"recompute_tail": "two"}, {"recompute_tail": 1.5}, {"capture_context": -1},
+    {"capture_context": 33},
 ])
 def test_broken_values_raise_config_error(values: dict[str, object]) -> None:
     with pytest.raises(ConfigError):
@@ -76,3 +79,16 @@ def test_index_settings_from_env_and_their_defaults(monkeypatch: pytest.MonkeyPa
     assert "sk-qdrant" not in repr(server)  # a secret stays out of logs
     with pytest.raises(ConfigError, match="not both"):
         MemoryConfig.load(qdrant_path="/srv/q")  # the env's url and a path
+
+
+def test_quality_levers_from_env_and_their_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    defaults = MemoryConfig.load()
+    assert (defaults.fact_order, defaults.recompute_tail, defaults.capture_context) == (
+        "rank", 0, 0)
+    monkeypatch.setenv("INFERSCALE_FACT_ORDER", "time")
+    monkeypatch.setenv("INFERSCALE_RECOMPUTE_TAIL", "2")
+    monkeypatch.setenv("INFERSCALE_CAPTURE_CONTEXT", "3")
+    config = MemoryConfig.load(recompute_tail=4)
+    assert (config.fact_order, config.recompute_tail, config.capture_context) == ("time", 4, 3)
+    with pytest.raises(ConfigError, match="recompute_tail"):
+        MemoryConfig.load(recompute_tail=-2)

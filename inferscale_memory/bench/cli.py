@@ -51,6 +51,19 @@ def add_bench_parser(commands: Any) -> None:
     locomo.add_argument("--max-tokens", type=int, default=32, help="answer length cap")
     locomo.add_argument("--resume", action="store_true",
                         help="continue the run in --out, skipping requests already recorded")
+    locomo.add_argument("--fact-order", choices=("rank", "time"), default=None,
+                        help="facts in the prompt: best-ranked last, or oldest first "
+                             "(default: the config's fact_order)")
+    locomo.add_argument("--recompute-tail", type=int, default=None, metavar="R",
+                        help="compute the last R facts from text on the KV path "
+                             "(default: the config's recompute_tail)")
+    locomo.add_argument("--capture-context", type=int, default=None, metavar="N",
+                        help="capture each fact after the N facts added before it "
+                             "(default: the config's capture_context)")
+    locomo.add_argument("--text-from", type=Path, default=None, metavar="RUN_DIR",
+                        help="reuse the text-path records of a run with the same questions, "
+                             "facts and prompt order (the text path does not depend on "
+                             "recompute_tail or capture_context)")
 
     ttft = workloads.add_parser("ttft", help="TTFT of text vs KV over k, random facts")
     ttft.add_argument("--k", type=_ints, default=[0, 10, 20, 40])
@@ -133,12 +146,12 @@ def _add_synthetic(workloads: Any) -> None:
 
 
 @contextlib.contextmanager
-def _engine(model: str | None) -> Iterator[MemoryEngine]:
+def _engine(model: str | None, **overrides: Any) -> Iterator[MemoryEngine]:
     """An engine with a throw-away fact store (benchmarks never touch the user's store)."""
     from inferscale_memory.engine import MemoryEngine
 
     with tempfile.TemporaryDirectory() as tmp, MemoryEngine(
-            model, store_path=str(Path(tmp) / "bench.sqlite")) as engine:
+            model, store_path=str(Path(tmp) / "bench.sqlite"), **overrides) as engine:
         yield engine
 
 
@@ -171,13 +184,15 @@ def run_bench(args: argparse.Namespace) -> int:
 
         loads = LoadLog(Path(tempfile.mkdtemp()) / "connector-timing.jsonl")
         os.environ[TIMING_ENV] = str(loads.path)  # the engine's processes inherit it
-    with _engine(args.model) as engine:
+    quality = {name: getattr(args, name, None)
+               for name in ("fact_order", "recompute_tail", "capture_context")}
+    with _engine(args.model, **quality) as engine:
         progress = not args.no_progress
         if args.workload == "locomo":
             run = commands.bench_locomo(
                 engine, args.dataset, args.k, limit=args.limit, conversations=args.conversations,
                 seed=args.seed, memory=args.memory, max_tokens=args.max_tokens, out=args.out,
-                resume=args.resume, progress=progress)
+                resume=args.resume, text_from=args.text_from, progress=progress)
         elif args.workload == "ttft":
             run = commands.bench_ttft(engine, args.k, trials=args.trials,
                                       fact_words=args.fact_words, seed=args.seed,

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
+from inferscale_memory.bench.locomo import KEY as LOCOMO_KEY
 from inferscale_memory.bench.locomo import run_locomo
 from inferscale_memory.bench.locomo_dataset import load_locomo, select
 from inferscale_memory.bench.report import write_report
@@ -24,27 +26,60 @@ from inferscale_memory.bench.ttft import run_ttft
 from inferscale_memory.engine import MemoryEngine
 from inferscale_memory.errors import InvalidInputError
 
+LOCOMO_FIXED = ("memory", "max_tokens", "model", "fact_order", "recompute_tail",
+                "capture_context")
+
 
 def bench_locomo(engine: MemoryEngine, dataset: str | Path, ks: Sequence[int] = (5, 10, 20, 50),
                  *, limit: int | None = None, conversations: Sequence[str] | None = None,
                  seed: int = 0, memory: str = "observations", max_tokens: int = 32,
                  out: Path | None = None, resume: bool = False,
-                 progress: bool = True) -> RunFolder:
-    """LoCoMo answer quality and latency on both paths (see :mod:`.locomo`)."""
+                 text_from: Path | None = None, progress: bool = True) -> RunFolder:
+    """LoCoMo answer quality and latency on both paths (see :mod:`.locomo`).
+
+    The engine's ``fact_order``, ``recompute_tail`` and ``capture_context`` are recorded
+    with the parameters. ``text_from``: a run folder whose text-path records are reused
+    (same dataset, questions, memory, answer length, model and fact order).
+    """
     if resume and out is None:
         raise InvalidInputError("--resume needs the run folder to resume (--out RUN_DIR)")
     _check_ks(ks, minimum=0)
     chosen = select(load_locomo(dataset), list(conversations or []), limit, seed)
     params = {"dataset": Path(dataset).name, "k": list(ks), "limit": limit,
               "conversations": [c.sample_id for c in chosen], "seed": seed,
-              "memory": memory, "max_tokens": max_tokens, "model": engine.model_path.name}
-    run = RunFolder.create(out, "locomo", params, resume=resume,
-                           fixed=("memory", "max_tokens", "model"))
-    run.write_config(engine)
+              "memory": memory, "max_tokens": max_tokens, "model": engine.model_path.name,
+              "fact_order": engine.config.fact_order,
+              "recompute_tail": engine.config.recompute_tail,
+              "capture_context": engine.config.capture_context}
+    run = RunFolder.create(out, "locomo", params, resume=resume, fixed=LOCOMO_FIXED)
+    run.write_config(engine, **({"text_from": str(text_from)} if text_from else {}))
+    if text_from is not None:
+        reuse_text_rows(RunFolder(text_from), run, params)
     run_locomo(engine, chosen, ks, run, memory=memory, max_tokens=max_tokens,
                progress=progress)
     write_report(run)
     return run
+
+
+def reuse_text_rows(source: RunFolder, run: RunFolder, params: dict[str, Any]) -> int:
+    """Copy ``source``'s text-path records of the same prompts into ``run``."""
+    before = source.config()["params"]
+    same = ("dataset", "seed", "memory", "max_tokens", "model")
+    changed = [name for name in same if before.get(name) != params.get(name)]
+    if before.get("fact_order", "rank") != params["fact_order"]:
+        changed.append("fact_order")
+    if changed:
+        raise InvalidInputError(f"cannot reuse the text path of {source.path}: "
+                                f"other {', '.join(changed)}")
+    done = run.done(LOCOMO_KEY)
+    copied = 0
+    for row in source.rows():
+        key = tuple(row[name] for name in LOCOMO_KEY)
+        wanted = row["conversation"] in params["conversations"] and row["k"] in params["k"]
+        if row["mode"] == "text" and wanted and key not in done:
+            run.append({**row, "reused_from": str(source.path)})
+            copied += 1
+    return copied
 
 
 def bench_ttft(engine: MemoryEngine, ks: Sequence[int] = (0, 10, 20, 40), *, trials: int = 5,

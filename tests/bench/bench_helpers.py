@@ -90,7 +90,9 @@ class FakeEngine:
     def __init__(self) -> None:
         self.ignore_eos: list[bool] = []
         self.memory = FakeMemory()
-        self.config = type("Config", (), {"max_fact_tokens": 256, "dtype": "bfloat16"})()
+        self.config = type("Config", (), {"max_fact_tokens": 256, "dtype": "bfloat16",
+                                          "fact_order": "rank", "recompute_tail": 0,
+                                          "capture_context": 0})()
         self.builder = type("Builder", (), {"fact_ids": staticmethod(str.split)})()
         self.model_path = Path("fake-model")
         self.runtime = type("Runtime", (), {"max_model_len": 2048})()

@@ -1,0 +1,95 @@
+"""LoCoMo answer quality of the KV path under each quality lever, on one engine.
+
+``inferscale-memory bench locomo`` starts an engine per run; on a slow CPU the start
+(model load, compile) costs minutes, so this runs ``bench_locomo`` once per lever setting
+on one engine. A setting with ``recompute_tail`` or ``capture_context`` reuses the text
+path of the baseline (tail 0, context 0) with the same ``fact_order``, which runs first.
+
+    python scripts/quality_sweep.py --dataset locomo-dev.json --conversations 0 --limit 20 \\
+        --k 5,10,20 --out runs/quality base=rank,0,0 tail2=rank,2,0 time=time,0,0
+
+Each setting writes its own run folder ``OUT/NAME`` (``bench report`` / ``bench compare``
+work on it); rerunning resumes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import tempfile
+from pathlib import Path
+
+
+def parse_setting(text: str) -> tuple[str, dict[str, object]]:
+    name, _, spec = text.partition("=")
+    order, tail, context = spec.split(",")
+    return name, {"fact_order": order, "recompute_tail": int(tail),
+                  "capture_context": int(context)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--dataset", type=Path, required=True)
+    parser.add_argument("--model", default=None)
+    parser.add_argument("--conversations", default=None)
+    parser.add_argument("--limit", type=int, default=None)
+    parser.add_argument("--k", default="5,10,20")
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("settings", nargs="+", help="NAME=fact_order,recompute_tail,context")
+    parser.add_argument("--table-only", action="store_true",
+                        help="print the table of the runs already in --out, run nothing")
+    args = parser.parse_args()
+    settings = dict(parse_setting(text) for text in args.settings)
+    if args.table_only:
+        print(table(args.out, list(settings)))
+        return
+    from inferscale_memory.bench.commands import bench_locomo
+    from inferscale_memory.engine import MemoryEngine
+
+    # Baselines first: the other settings reuse their text path.
+    order = sorted(settings, key=lambda n: (settings[n]["recompute_tail"] != 0
+                                            or settings[n]["capture_context"] != 0))
+    baselines: dict[object, Path] = {}
+    ks = [int(k) for k in args.k.split(",")]
+    conversations = args.conversations.split(",") if args.conversations else None
+    with tempfile.TemporaryDirectory() as tmp, MemoryEngine(
+            args.model, store_path=str(Path(tmp) / "sweep.sqlite")) as engine:
+        base_config = engine.config
+        for name in order:
+            levers = settings[name]
+            engine.config = dataclasses.replace(base_config, **levers)
+            is_base = levers["recompute_tail"] == 0 and levers["capture_context"] == 0
+            text_from = None if is_base else baselines.get(levers["fact_order"])
+            run = bench_locomo(engine, args.dataset, ks, limit=args.limit,
+                               conversations=conversations, max_tokens=args.max_tokens,
+                               out=args.out / name, resume=True, text_from=text_from,
+                               progress=False)
+            if is_base:
+                baselines[levers["fact_order"]] = run.path
+            print(table(args.out, [name]), flush=True)
+    print(table(args.out, order))
+
+
+def table(out: Path, names: list[str]) -> str:
+    """A markdown table of the settings' summaries (F1, agreement, TTFT per k)."""
+    lines = ["| setting | k | n | text F1 | KV F1 | KV - text (95% CI) | agreement "
+             "| TTFT text ms | TTFT KV ms | computed tokens KV |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for name in names:
+        path = out / name / "summary.json"
+        if not path.exists():
+            continue
+        for row in json.loads(path.read_text())["by_k"]:
+            kv, text = row["kv"], row["text"]
+            lines.append(
+                f"| {name} | {row['k']} | {row['questions']} | {text['f1']:.3f} "
+                f"| {kv['f1']:.3f} | {row['f1_diff']:+.3f} (+-{row['f1_diff_ci95']:.3f}) "
+                f"| {row['agreement']:.2f} | {text['ttft_median_ms']:.0f} "
+                f"| {kv['ttft_median_ms']:.0f} | {kv['computed_tokens']:.0f} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

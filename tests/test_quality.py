@@ -1,0 +1,52 @@
+"""The answer-quality levers without a model: prompt order and the injected span."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from inferscale_memory import InvalidInputError
+from inferscale_memory.engine import MemoryEngine
+from inferscale_memory.layout import PromptLayout, prompt_order
+from inferscale_memory.store import Fact, ScoredFact
+
+
+def scored(name: str, created_at: float, score: float) -> ScoredFact:
+    return ScoredFact(Fact(name, "u", f"text {name}", {}, created_at, created_at), score)
+
+
+# Best first, as a search returns them: b was added last, a first.
+RANKED = [scored("b", 3.0, 0.9), scored("a", 1.0, 0.8), scored("c", 2.0, 0.7)]
+
+
+def test_rank_order_puts_the_best_fact_last() -> None:
+    assert [f.fact.id for f in prompt_order(RANKED, "rank")] == ["c", "a", "b"]
+
+
+def test_time_order_is_the_order_of_the_adds() -> None:
+    assert [f.fact.id for f in prompt_order(RANKED, "time")] == ["a", "c", "b"]
+    later = [scored("x", 5.0, 0.9), scored("y", 4.0, 0.1), scored("z", 6.0, 0.5)]
+    assert [f.fact.id for f in prompt_order(later, "time")] == ["y", "x", "z"]
+    assert [f.fact.id for f in prompt_order(later, "rank")] == ["z", "y", "x"]
+    with pytest.raises(InvalidInputError):
+        prompt_order(later, "alphabetical")
+
+
+def inject_spans(tail: int) -> list[tuple[str, int, int]]:
+    layout = PromptLayout(list(range(40)), 5, [("f1", 5, 10), ("f2", 10, 18), ("f3", 18, 30)],
+                          "L")
+    stub = SimpleNamespace(builder=SimpleNamespace(header_name="header:L"))
+    params = MemoryEngine._inject_params(stub, layout, "u", tail)  # type: ignore[arg-type]
+    assert params is not None
+    return [(s.key.name, s.start, s.end) for s in params.inject]
+
+
+@pytest.mark.parametrize(("tail", "named"), [
+    (0, ["header:L", "f1", "f2", "f3"]), (1, ["header:L", "f1", "f2"]),
+    (2, ["header:L", "f1"]), (3, ["header:L"]), (10, ["header:L"])])
+def test_recompute_tail_leaves_the_last_facts_unnamed(tail: int, named: list[str]) -> None:
+    spans = inject_spans(tail)
+    assert [name for name, _, _ in spans] == named
+    assert spans[0][1] == 0  # a contiguous run from position 0
+    assert all(a[2] == b[1] for a, b in zip(spans, spans[1:], strict=False))
