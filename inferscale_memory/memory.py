@@ -139,7 +139,7 @@ class EngineMemory:
             contexts[fact.id] = self._fit(before, fact.text, budget)
         return contexts
 
-    def _fit(self, context: list[str], text: str, budget: int) -> tuple[str, ...]:
+    def _fit(self, context: Sequence[str], text: str, budget: int) -> tuple[str, ...]:
         """Drop the earliest context facts until the capture prompt fits the context."""
         builder = self._engine.builder
         while context and len(builder.capture_prompt(text, context)[0]) > budget:
