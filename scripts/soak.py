@@ -51,7 +51,11 @@ class HttpTarget:
     def _json(self, method: str, path: str, **kwargs: Any) -> Any:
         response = self.client.request(method, path, **kwargs)
         if response.status_code >= 400:
-            raise RuntimeError(f"HTTP {response.status_code}")
+            try:
+                code = response.json()["error"]["code"]
+            except (ValueError, KeyError, TypeError):
+                code = response.text[:80]
+            raise RuntimeError(f"HTTP {response.status_code} {code}")
         return response.json()
 
     def add(self, user: str, text: str) -> str:
@@ -142,9 +146,10 @@ def client_loop(
     """One client: random operations on its own tenant until ``deadline``."""
     rng = random.Random(seed)
     own: list[str] = []
+    stored = False  # a tenant that never stored a fact is an unknown user (HTTP 404)
     while time.monotonic() < deadline:
         op = rng.choices(list(OPS), weights=list(OPS.values()))[0]
-        if op in ("update", "delete") and not own:
+        if not stored or (op in ("update", "delete") and not own):
             op = "add"
         sentence = f"{user} likes {rng.choice(WORDS)} and {rng.choice(WORDS)} ({rng.random():.6f})."
         began = time.monotonic()
@@ -152,6 +157,7 @@ def client_loop(
         try:
             if op == "add":
                 own.append(target.add(user, sentence))
+                stored = True
             elif op == "update":
                 target.update(user, rng.choice(own), sentence)
             elif op == "delete":
