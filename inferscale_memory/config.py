@@ -58,6 +58,10 @@ class MemoryConfig:
         kv_pool_gb: Budget of the captured facts' KV on each engine device (outside vLLM's
             own cache), in GiB. Beyond it the least recently used facts are evicted; an
             answer that names an evicted fact computes it from text and recaptures it.
+        kv_host_pool_gb: Optional host-memory tier under ``kv_pool_gb``, in GiB per engine
+            device (0, the default: none). Facts evicted from the device pool are moved
+            there (least recently used leave it in turn) and copied back when an answer
+            names them, instead of being recomputed. Pinned memory on CUDA.
         gpu_memory_utilization: Fraction of GPU memory vLLM may use (GPU engines).
         dtype: Model dtype given to vLLM (``"auto"``, ``"bfloat16"``, ...).
         enforce_eager: Disable CUDA graphs / torch.compile (faster start, slower steps).
@@ -101,6 +105,7 @@ class MemoryConfig:
     max_tokens: int = 128
     kv_cache_gb: int = 2
     kv_pool_gb: float = 4.0
+    kv_host_pool_gb: float = 0.0
     gpu_memory_utilization: float = 0.85
     dtype: str = "auto"
     enforce_eager: bool = False
@@ -128,6 +133,9 @@ class MemoryConfig:
             (self.kv_cache_gb >= 1, "kv_cache_gb must be >= 1"),
             (isinstance(self.kv_pool_gb, int | float) and not isinstance(self.kv_pool_gb, bool)
              and 0 < self.kv_pool_gb < 1 << 20, "kv_pool_gb must be a number > 0"),
+            (isinstance(self.kv_host_pool_gb, int | float)
+             and not isinstance(self.kv_host_pool_gb, bool)
+             and 0 <= self.kv_host_pool_gb < 1 << 20, "kv_host_pool_gb must be a number >= 0"),
             (0 < self.gpu_memory_utilization <= 1, "gpu_memory_utilization must be in (0, 1]"),
             (self.tensor_parallel_size >= 1, "tensor_parallel_size must be >= 1"),
             (self.fact_order in FACT_ORDERS,

@@ -283,6 +283,7 @@ class MemoryEngine:
         if mode == "kv" and fact_ids:
             recomputed = len(metrics.recomputed_fact_ids)
             self.kv_stats.record_answer(len(fact_ids) - recomputed, recomputed)
+            self.kv_stats.record_report(report)  # promotions and the room made for them
         return ChatResult(done.text, metrics, ordered, layout.token_ids, done.token_ids,
                           done.finish_reason, done.logprobs)
 

@@ -155,7 +155,7 @@ class EngineMemory:
         token_ids, header_end, _ = builder.capture_prompt(None)
         params = RequestParams(HEADER_TENANT, builder.layout_id, capture=(
             Span(FactKey("", builder.header_name), 0, header_end),))
-        self._engine.kv_stats.record_capture(
+        self._engine.kv_stats.record_report(
             await self._engine.runtime.control(token_ids, params))
 
     async def _capture_one(self, user_id: str, fact: Fact, context: Sequence[str] = ()) -> None:
@@ -164,7 +164,7 @@ class EngineMemory:
         params = RequestParams(user_id, builder.layout_id, capture=(
             Span(FactKey("", builder.header_name), 0, len(builder.header_ids)),
             Span(FactKey(user_id, fact.id), start, end)))
-        self._engine.kv_stats.record_capture(
+        self._engine.kv_stats.record_report(
             await self._engine.runtime.control(token_ids, params))
 
     async def evict(self, user_id: str, fact_ids: Sequence[str]) -> None:

@@ -72,24 +72,39 @@ class KVStats:
         injected: Facts whose KV an answer loaded (hits).
         recomputed: Facts an answer named whose KV was gone, computed from text instead
             (misses; they are recaptured in the background).
-        evicted: Facts dropped to keep the pool within ``kv_pool_gb`` (least recently used).
-        pool_tokens: Token rows the pool held at the last capture.
-        budget_tokens: The pool's budget in token rows (``None``: unbounded).
+        evicted: Facts dropped to keep the pool within ``kv_pool_gb`` (least recently
+            used), or dropped from the host tier to keep it within ``kv_host_pool_gb``.
+        demoted: Facts moved from the device pool to the host tier to make room.
+        promoted: Demoted facts an answer named, copied back to the device (host hits).
+        pool_tokens: Token rows the device pool held at the last change.
+        budget_tokens: The device pool's budget in token rows (``None``: unbounded).
+        host_tokens: Token rows the host tier held at the last change.
+        host_budget_tokens: The host tier's budget in token rows (``None``: no tier).
     """
 
     captured: int = 0
     injected: int = 0
     recomputed: int = 0
     evicted: int = 0
+    demoted: int = 0
+    promoted: int = 0
     pool_tokens: int = 0
     budget_tokens: int | None = None
+    host_tokens: int = 0
+    host_budget_tokens: int | None = None
 
-    def record_capture(self, report: dict[str, Any]) -> None:
+    def record_report(self, report: dict[str, Any]) -> None:
+        """Count what the connector's report of a request says it did to the pool."""
         self.captured += len(report.get("captured", []))
         self.evicted += len(report.get("evicted", []))
+        self.demoted += len(report.get("demoted", []))
+        self.promoted += len(report.get("promoted", []))
         if "pool_tokens" in report:
             self.pool_tokens = int(report["pool_tokens"])
             self.budget_tokens = report.get("budget_tokens")
+        if "host_tokens" in report:
+            self.host_tokens = int(report["host_tokens"])
+            self.host_budget_tokens = report.get("host_budget_tokens")
 
     def record_answer(self, injected: int, recomputed: int) -> None:
         self.injected += injected

@@ -94,7 +94,8 @@ class VllmRuntime:
             gpu_memory_utilization=self.config.gpu_memory_utilization,
             enable_prefix_caching=True,
             kv_transfer_config=kv_transfer_config(
-                {"pool_bytes": int(self.config.kv_pool_gb * (1 << 30))}),
+                {"pool_bytes": int(self.config.kv_pool_gb * (1 << 30)),
+                 "host_pool_bytes": int(self.config.kv_host_pool_gb * (1 << 30))}),
         )
         args.update(self.config.engine_args)
         return AsyncLLM.from_engine_args(AsyncEngineArgs(**args))

@@ -119,7 +119,8 @@ class Recorder:
 
     start: float = field(default_factory=time.monotonic)
     calls: list[tuple[float, str, float, str | None]] = field(default_factory=list)
-    rss: list[tuple[float, int, int]] = field(default_factory=list)  # (t, own, with children)
+    rss: list[tuple[float, int, int, int]] = field(default_factory=list)  # (t, own, tree, facts)
+    live: dict[str, int] = field(default_factory=dict)  # facts each client holds now
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def record(self, op: str, began: float, error: str | None) -> None:
@@ -130,7 +131,8 @@ class Recorder:
         process = psutil.Process(pid)
         own = process.memory_info().rss
         children = sum(_rss(child) for child in process.children(recursive=True))
-        self.rss.append((time.monotonic() - self.start, own, own + children))
+        facts = sum(self.live.values())
+        self.rss.append((time.monotonic() - self.start, own, own + children, facts))
 
 
 def _rss(process: psutil.Process) -> int:
@@ -141,9 +143,19 @@ def _rss(process: psutil.Process) -> int:
 
 
 def client_loop(
-    target: Any, user: str, seed: int, deadline: float, recorder: Recorder, max_tokens: int
+    target: Any,
+    user: str,
+    seed: int,
+    deadline: float,
+    recorder: Recorder,
+    max_tokens: int,
+    max_facts: int = 100,
 ) -> None:
-    """One client: random operations on its own tenant until ``deadline``."""
+    """One client: random operations on its own tenant until ``deadline``.
+
+    A client holds at most ``max_facts`` facts (an add beyond them deletes one instead),
+    so a long run reaches a steady state in which memory must stay flat.
+    """
     rng = random.Random(seed)
     own: list[str] = []
     stored = False  # a tenant that never stored a fact is an unknown user (HTTP 404)
@@ -151,6 +163,8 @@ def client_loop(
         op = rng.choices(list(OPS), weights=list(OPS.values()))[0]
         if not stored or (op in ("update", "delete") and not own):
             op = "add"
+        elif op == "add" and len(own) >= max_facts:
+            op = "delete"
         sentence = f"{user} likes {rng.choice(WORDS)} and {rng.choice(WORDS)} ({rng.random():.6f})."
         began = time.monotonic()
         error = None
@@ -172,6 +186,7 @@ def client_loop(
         except Exception as exc:  # the soak reports every failure instead of stopping
             error = f"{type(exc).__name__}: {exc}"[:200]
         recorder.record(op, began, error)
+        recorder.live[user] = len(own)
 
 
 def summarize(recorder: Recorder, interval: float) -> dict[str, Any]:
@@ -190,6 +205,7 @@ def summarize(recorder: Recorder, interval: float) -> dict[str, Any]:
                 **_stats(calls),
                 "rss_mb": round(rss[-1][1] / 2**20, 1) if rss else None,
                 "rss_with_children_mb": round(rss[-1][2] / 2**20, 1) if rss else None,
+                "facts": rss[-1][3] if rss else None,
             }
         )
     errors: dict[str, int] = defaultdict(int)
@@ -205,8 +221,9 @@ def summarize(recorder: Recorder, interval: float) -> dict[str, Any]:
                 "t_s": round(t, 1),
                 "rss_mb": round(own / 2**20, 1),
                 "rss_with_children_mb": round(tree / 2**20, 1),
+                "facts": facts,
             }
-            for t, own, tree in recorder.rss
+            for t, own, tree, facts in recorder.rss
         ],
     }
 
@@ -230,7 +247,7 @@ def _stats(calls: list[tuple[float, str, float, str | None]]) -> dict[str, Any]:
 def print_table(report: dict[str, Any]) -> None:
     head = (
         f"{'min':>4} {'calls':>6} {'err':>4} {'p50':>7} {'p95':>7} {'p99':>7} "
-        f"{'chat p50':>9} {'chat p95':>9} {'RSS MB':>8} {'+children':>10}"
+        f"{'chat p50':>9} {'chat p95':>9} {'RSS MB':>8} {'+children':>10} {'facts':>6}"
     )
     print(head)
     for row in [*report["windows"], {"window": "all", **report["total"]}]:
@@ -240,7 +257,7 @@ def print_table(report: dict[str, Any]) -> None:
             f"{every.get('p50_ms', '-')!s:>7} {every.get('p95_ms', '-')!s:>7} "
             f"{every.get('p99_ms', '-')!s:>7} {chat.get('p50_ms', '-')!s:>9} "
             f"{chat.get('p95_ms', '-')!s:>9} {row.get('rss_mb', '')!s:>8} "
-            f"{row.get('rss_with_children_mb', '')!s:>10}"
+            f"{row.get('rss_with_children_mb', '')!s:>10} {row.get('facts', '')!s:>6}"
         )
     for error, count in sorted(report["errors"].items(), key=lambda e: -e[1])[:10]:
         print(f"  {count:>5} x {error}")
@@ -279,6 +296,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     deadline,
                     recorder,
                     args.max_tokens,
+                    args.max_facts,
                 ),
             )
             for i, target in enumerate(targets)
@@ -315,6 +333,7 @@ def main() -> None:
     parser.add_argument("--store", help="store file of the engine started here")
     parser.add_argument("--interval", type=float, default=60, help="seconds per row")
     parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--max-facts", type=int, default=100, help="per client (default 100)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="soak.json")
     args = parser.parse_args()

@@ -34,7 +34,8 @@ def test_precedence_kwargs_over_env_over_file(tmp_path: Path,
     {"index": "qdrant", "qdrant_collection": "a/b"}, {"index": "qdrant", "qdrant_collection": ""},
     {"fact_order": "random"}, {"fact_order": 1}, {"recompute_tail": -1},
     {"recompute_tail": "two"}, {"recompute_tail": 1.5}, {"capture_context": -1},
-    {"capture_context": 33},
+    {"capture_context": 33}, {"kv_pool_gb": 0}, {"kv_host_pool_gb": -1},
+    {"kv_host_pool_gb": "lots"}, {"kv_host_pool_gb": True},
 ])
 def test_broken_values_raise_config_error(values: dict[str, object]) -> None:
     with pytest.raises(ConfigError):

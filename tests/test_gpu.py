@@ -67,6 +67,48 @@ def test_fact_injected_where_captured_matches_vllms_prefix_cache(tmp_path: Path,
         runtime.close()
 
 
+
+def test_a_fact_demoted_to_host_memory_is_promoted_and_injected_exactly(
+        tmp_path: Path) -> None:
+    """The host tier on CUDA: pinned rows, copies back before the fused load."""
+    from inferscale_memory.bench.synthetic import (
+        TENANT,
+        SyntheticWorkload,
+        dummy_runtime,
+        write_random_model,
+    )
+
+    block, token_bytes = 16, 4 * 2 * 4 * 128 * 2  # llama-tiny: layers x K,V x heads x dim
+    runtime = dummy_runtime(write_random_model(tmp_path / "model", "llama-tiny"),
+                            engine_args={"load_format": "safetensors"},
+                            gpu_memory_utilization=0.3, max_model_len=2048,
+                            kv_pool_gb=3 * block * token_bytes / 2**30,  # header + 2 facts
+                            kv_host_pool_gb=16 * block * token_bytes / 2**30)
+    try:
+        assert runtime.block_size == block
+        work = SyntheticWorkload(runtime, vocab=32000, header_len=block, fact_len=block,
+                                 question_len=block - 4)
+
+        async def scenario() -> tuple[object, ...]:
+            for _ in range(6):  # one at a time: facts 0-3 end up on the host
+                await work.capture(1)
+            prompt = work.prompt([0])
+            await runtime.reset_prefix_cache()
+            await work.run(prompt, "text", max_tokens=32, logprobs=5)
+            warm = await work.run(prompt, "text", max_tokens=32, logprobs=5)
+            kv = await work.run(prompt, "kv", max_tokens=32, logprobs=5)
+            return warm, kv
+
+        warm, kv = runtime.run(asyncio.wait_for(scenario(), 300))
+        assert kv.report["promoted"] == [[TENANT, "0"]]
+        assert kv.report["demoted"] == [[TENANT, "4"]]  # the device's least recent fact
+        assert kv.report["injected_tokens"] == 2 * block and kv.report["missing"] == []
+        assert len(set(warm.logprobs[0].values())) > 1
+        assert kv.token_ids == warm.token_ids
+        assert kv.logprobs == warm.logprobs
+    finally:
+        runtime.close()
+
 FUSED_CHECK = """
 import sys, torch
 sys.path.insert(0, "tests/kv")

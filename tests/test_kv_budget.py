@@ -1,9 +1,12 @@
 """A fact-KV pool ten times smaller than the facts: answers stay right, memory stays bounded.
 
 A second engine (the shared one has an ample pool) with ``kv_pool_gb`` sized for a few
-facts. Facts are captured as they are added; least recently used ones are evicted; an
-answer naming an evicted fact computes it from text (and recaptures it in the
-background), and its greedy answer equals the text path's.
+facts and a host-memory tier (``kv_host_pool_gb``) for about twice as many. Facts are
+captured as they are added; least recently used ones are demoted to the host tier, and
+the host tier's least recently used ones are evicted. An answer naming a demoted fact
+copies it back (a host hit: injected, not recomputed); one naming an evicted fact
+computes it from text (and recaptures it in the background). Every greedy answer equals
+the text path's.
 """
 
 from __future__ import annotations
@@ -25,32 +28,47 @@ THINGS = ["violin", "kayak", "garden", "telescope", "bakery", "chess club"]
 def small_pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MemoryEngine]:
     store = tmp_path_factory.mktemp("budget") / "memory.sqlite"
     # About 70 token rows of SmolLM2's KV (23 KiB a token in bf16): the header and a few
-    # facts of ~12 tokens.
+    # facts of ~12 tokens; the host tier holds about 140 rows.
     with MemoryEngine(store_path=str(store), kv_cache_gb=1, max_model_len=1024,
-                      kv_pool_gb=0.0015) as engine:
+                      kv_pool_gb=0.0015, kv_host_pool_gb=0.003) as engine:
         yield engine
 
 
 def test_ten_times_more_fact_kv_than_the_budget(small_pool: MemoryEngine) -> None:
     engine = small_pool
-    facts = engine.memory.add(
-        [f"{name} spends every Monday at the {thing}." for name in NAMES for thing in THINGS],
-        user_id="budget")
+    texts = [f"{name} spends every Monday at the {thing}." for name in NAMES for thing in THINGS]
+    # Added a few at a time, as a user's facts arrive: captures in flight count against
+    # the budget, so a large batch into a pool this small would capture only a few.
+    facts = [fact for i in range(0, len(texts), 3)
+             for fact in engine.memory.add(texts[i:i + 3], user_id="budget")]
     stats = engine.kv_stats
-    budget = stats.budget_tokens
-    assert budget is not None
+    budget, host_budget = stats.budget_tokens, stats.host_budget_tokens
+    assert budget is not None and host_budget is not None
     sizes = [len(engine.builder.fact_ids(f.text)) for f in facts]
     assert sum(sizes) >= 10 * budget
-    # Captures that found no room even after evictions were skipped (recomputed on use).
-    kept = stats.captured - 1 - stats.evicted  # the header is captured once, never evicted
-    assert stats.evicted >= 1 and kept > 0 and kept * min(sizes) <= budget
-    assert stats.pool_tokens <= budget
+    assert host_budget >= 2 * budget - 1
+    # Captures that found no room even after making room were skipped (recomputed on
+    # use); the header is captured once and never leaves the device.
+    on_device = stats.captured - 1 - stats.demoted
+    assert stats.demoted >= 1 and stats.evicted >= 1
+    assert on_device > 0 and on_device * min(sizes) <= budget
+    assert stats.pool_tokens <= budget and stats.host_tokens <= host_budget
 
+    # The newest facts' neighbours were demoted most recently (on the host), the oldest
+    # were evicted from the host tier too.
     rng = random.Random(1)
-    for fact in rng.sample(facts, 5):
+    sample = rng.sample(facts[-16:-4], 4) + rng.sample(facts[:20], 3)
+    promoted = recomputed = 0
+    for fact in sample:
         question = [{"role": "user", "content": f"Where is {fact.text.split()[0]} on Mondays?"}]
         text = engine.answer(question, [fact], user_id="budget", mode="text", max_tokens=10)
+        before = engine.kv_stats.promoted
         first = engine.answer(question, [fact], user_id="budget", mode="kv", max_tokens=10)
+        if first.metrics.recomputed_fact_ids:
+            recomputed += 1
+        elif engine.kv_stats.promoted > before:
+            promoted += 1  # copied back from the host tier and injected
+            assert first.metrics.injected_tokens > 0
         engine.wait_for_background()  # a recomputed fact is recaptured...
         second = engine.answer(question, [fact], user_id="budget", mode="kv", max_tokens=10)
         assert second.metrics.recomputed_fact_ids == []  # ...and injected next time
@@ -58,4 +76,6 @@ def test_ten_times_more_fact_kv_than_the_budget(small_pool: MemoryEngine) -> Non
             assert kv.prompt_token_ids == text.prompt_token_ids
             assert kv.token_ids == text.token_ids
         assert engine.kv_stats.pool_tokens <= budget
-    assert engine.kv_stats.recomputed >= 1  # evicted facts were computed from text
+        assert engine.kv_stats.host_tokens <= host_budget
+    assert promoted >= 1  # host hits: injected without recomputing
+    assert recomputed >= 1  # facts gone from both tiers were computed from text

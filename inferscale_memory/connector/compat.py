@@ -103,11 +103,11 @@ def cache_block_size(vllm_config: Any) -> int:
     return int(vllm_config.cache_config.block_size)
 
 
-def pool_budget_tokens(vllm_config: Any) -> int | None:
+def pool_budget_tokens(vllm_config: Any, key: str = "pool_bytes") -> int | None:
     """Token rows the fact pool may hold on one worker (``pool_bytes`` of the connector's
     extra config), or ``None`` for no budget."""
     extra = getattr(vllm_config.kv_transfer_config, "kv_connector_extra_config", None) or {}
-    budget = extra.get("pool_bytes")
+    budget = extra.get(key)
     if budget is None:
         return None
     heads, head_dim = kv_heads_and_dim(vllm_config)
@@ -119,6 +119,15 @@ def pool_budget_tokens(vllm_config: Any) -> int | None:
     else:
         itemsize = torch.empty((), dtype=model_config.dtype).element_size()
     return max(1, int(budget) // (2 * layers * heads * head_dim * itemsize))
+
+
+def host_pool_budget_tokens(vllm_config: Any) -> int | None:
+    """Token rows of the host-memory tier on one worker (``host_pool_bytes``), or ``None``
+    (no tier) when it is absent or 0."""
+    extra = getattr(vllm_config.kv_transfer_config, "kv_connector_extra_config", None) or {}
+    if not extra.get("host_pool_bytes"):
+        return None
+    return pool_budget_tokens(vllm_config, "host_pool_bytes")
 
 
 def kv_heads_and_dim(vllm_config: Any) -> tuple[int, int]:

@@ -49,7 +49,8 @@ class InferScaleConnector(KVConnectorBase_V1):
     def __init__(self, vllm_config: Any, role: KVConnectorRole,
                  kv_cache_config: Any = None) -> None:
         super().__init__(vllm_config, role, kv_cache_config)
-        self._scheduler = (SchedulerSide(compat.pool_budget_tokens(vllm_config))
+        self._scheduler = (SchedulerSide(compat.pool_budget_tokens(vllm_config),
+                                         compat.host_pool_budget_tokens(vllm_config))
                            if role == KVConnectorRole.SCHEDULER else None)
         self._worker = WorkerSide(vllm_config) if role == KVConnectorRole.WORKER else None
 

@@ -26,13 +26,19 @@ class CaptureOp:
     spans: list[Span]  # spans whose tokens are all computed by the end of this step
 
 
+# Pool moves, replayed in order before the step's loads: room made for captures and
+# promotions (never a fact this step loads).
+EVICT, DEMOTE, PROMOTE = "evict", "demote", "promote"  # drop / device -> host / host -> device
+
+
 @dataclass
 class StepPlan:
-    """Everything the worker side does in one step: loads, then captures, then evictions."""
+    """Everything the worker side does in one step: pool moves, loads, captures, evictions."""
 
     loads: list[LoadOp] = field(default_factory=list)
     captures: list[CaptureOp] = field(default_factory=list)
-    evicts: list[FactKey] = field(default_factory=list)
+    evicts: list[FactKey] = field(default_factory=list)  # deleted or replaced facts
+    moves: list[tuple[str, FactKey]] = field(default_factory=list)  # (EVICT | DEMOTE | ...)
 
     def is_empty(self) -> bool:
-        return not (self.loads or self.captures or self.evicts)
+        return not (self.loads or self.captures or self.evicts or self.moves)

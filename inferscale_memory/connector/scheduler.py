@@ -26,7 +26,14 @@ from inferscale_memory.connector.params import (
     parse_params,
     token_digest,
 )
-from inferscale_memory.connector.plan import CaptureOp, LoadOp, StepPlan
+from inferscale_memory.connector.plan import (
+    DEMOTE,
+    EVICT,
+    PROMOTE,
+    CaptureOp,
+    LoadOp,
+    StepPlan,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -61,11 +68,24 @@ class InjectionPlan:
 
 
 @dataclass
+class _Moves:
+    """Pool moves made on behalf of one request (for its report)."""
+
+    evicted: list[FactKey] = field(default_factory=list)  # dropped to make room
+    demoted: list[FactKey] = field(default_factory=list)  # moved to the host tier
+    promoted: list[FactKey] = field(default_factory=list)  # back from the host tier
+
+    def body(self) -> dict[str, list[list[str]]]:
+        return {name: [[key.ns, key.name] for key in keys]
+                for name, keys in (("evicted", self.evicted), ("demoted", self.demoted),
+                                   ("promoted", self.promoted)) if keys}
+
+
+@dataclass
 class _CaptureTrack:
     spans: list[Span]
     block_ids: list[int]
     emitted: list[Span] = field(default_factory=list)
-    evicted: list[FactKey] = field(default_factory=list)  # to make room for its spans
 
 
 @dataclass
@@ -80,18 +100,32 @@ class SchedulerSide:
 
     With a ``budget_tokens``, the registry is also the pool's eviction policy: before a
     step captures a span, room for it is made by evicting the least recently injected or
-    captured facts (never a shared header) on every worker, in the same step; a span that
-    cannot fit even then is not captured. The workers' pools thus hold what the registry
-    holds, within the budget, so a request naming an evicted fact is told it is missing
-    (and recomputes it) instead of failing a load.
+    captured facts (never a shared header, never a fact loaded in the same step) on every
+    worker, in the same step; a span that cannot fit even then is not captured. The
+    workers' pools thus hold what the registry holds, within the budget, so a request
+    naming an evicted fact is told it is missing (and recomputes it) instead of failing a
+    load.
+
+    With a ``host_budget_tokens`` as well, room is made by *demoting* facts to the
+    workers' host-memory tier (itself least recently used first, within its budget); a
+    request naming a demoted fact promotes it back to the device before its load, which
+    costs one copy instead of a recompute.
     """
 
-    def __init__(self, budget_tokens: int | None = None) -> None:
+    def __init__(self, budget_tokens: int | None = None,
+                 host_budget_tokens: int | None = None) -> None:
         self.registry: OrderedDict[FactKey, Registered] = OrderedDict()  # LRU first
+        self.host: OrderedDict[FactKey, Registered] = OrderedDict()  # demoted, LRU first
         self.budget_tokens = budget_tokens
+        self.host_budget_tokens = host_budget_tokens or None
         self.registered_tokens = 0
+        self.host_tokens = 0
         self.evictions = 0
+        self.demotions = 0
+        self.promotions = 0
         self._reserved = 0  # tokens of captures emitted to the workers, not yet registered
+        self._pinned: set[FactKey] = set()  # facts loaded in the step being planned
+        self._moves: dict[str, _Moves] = {}  # by request
         self._params: dict[str, RequestParams | None] = {}
         self._errors: dict[str, str] = {}
         self._captures: dict[str, _CaptureTrack] = {}
@@ -125,14 +159,22 @@ class SchedulerSide:
             plan = self._plans.pop(req_id, None) or self._plan_injection(request, params)
             report.missing = [[s.key.ns, s.key.name] for s in plan.missing]
             report.injected_tokens = num_external
+            load_start = plan.claim_end - num_external
+            loaded = [span.key for span in plan.usable if span.end > load_start]
+            if num_external > 0:
+                self._pinned.update(loaded)
+                for key in loaded:
+                    if key in self.host:
+                        self._promote(req_id, key)
             for span in plan.usable:
-                self.registry.move_to_end(span.key)  # recently used
+                if span.key in self.registry:
+                    self.registry.move_to_end(span.key)  # recently used
             if num_external > 0:
                 self._next.loads.append(self._load_op(req_id, block_ids, plan, num_external))
         if params.capture:
             self._track_capture(request, params, block_ids)
         for key in params.evict:
-            self._unregister(key)
+            self._forget(key)
             self._capturer.pop(key, None)
             self._next.evicts.append(key)
 
@@ -157,6 +199,7 @@ class SchedulerSide:
                     track.block_ids.extend(new_blocks[0])
             end = cached_reqs.num_computed_tokens[i] + num_scheduled.get(req_id, 0)
             self._emit_captures(req_id, track, end, plan)
+        self._pinned.clear()
         return plan
 
     def finished(self, request: RequestLike) -> dict[str, Any] | None:
@@ -174,7 +217,7 @@ class SchedulerSide:
             tokens = prompt[span.start:span.end]
             self._register(key, Registered(token_digest(tokens), len(tokens)))
             captured.append([key.ns, key.name])
-        evicted = [[key.ns, key.name] for key in track.evicted] if track else []
+        moves = self._moves.pop(req_id, None)
         self._params.pop(req_id, None)
         self._plans.pop(req_id, None)
         self._errors.pop(req_id, None)
@@ -182,10 +225,13 @@ class SchedulerSide:
         if report is None and not captured:
             return None
         body: dict[str, Any] = {"captured": captured}
-        if evicted:
-            body["evicted"] = evicted
-        if captured and self.budget_tokens is not None:
+        if moves is not None:
+            body.update(moves.body())
+        if (captured or moves) and self.budget_tokens is not None:
             body.update(pool_tokens=self.registered_tokens, budget_tokens=self.budget_tokens)
+            if self.host_budget_tokens is not None:
+                body.update(host_tokens=self.host_tokens,
+                            host_budget_tokens=self.host_budget_tokens)
         if report is not None:
             body.update(injected_tokens=report.injected_tokens, missing=report.missing)
             if report.error:
@@ -195,30 +241,80 @@ class SchedulerSide:
     # -- helpers -----------------------------------------------------------------------
 
     def _register(self, key: FactKey, entry: Registered) -> None:
-        self._unregister(key)
+        self._forget(key)
         self.registry[key] = entry
         self.registered_tokens += entry.length
 
-    def _unregister(self, key: FactKey) -> None:
+    def _unregister(self, key: FactKey) -> Registered | None:
         entry = self.registry.pop(key, None)
         if entry is not None:
             self.registered_tokens -= entry.length
+        return entry
 
-    def _make_room(self, tokens: int, track: _CaptureTrack, plan: StepPlan) -> bool:
-        """Evict least recently used facts until ``tokens`` more fit the budget; ``False``
-        if they cannot fit (only shared headers and in-flight captures are left)."""
+    def _forget(self, key: FactKey) -> None:
+        """Drop ``key`` from both tiers (the workers drop both with it)."""
+        self._unregister(key)
+        entry = self.host.pop(key, None)
+        if entry is not None:
+            self.host_tokens -= entry.length
+
+    def _make_room(self, tokens: int, req_id: str, plan: StepPlan) -> bool:
+        """Demote (or evict) least recently used facts until ``tokens`` more fit the
+        budget; ``False`` if they cannot fit (only shared headers, facts loaded in this
+        step and in-flight captures are left)."""
         if self.budget_tokens is None:
             return True
-        victims = (key for key in list(self.registry) if key.ns != SHARED_NS)
+        victims = (key for key in list(self.registry)
+                   if key.ns != SHARED_NS and key not in self._pinned)
         while self.registered_tokens + self._reserved + tokens > self.budget_tokens:
             key = next(victims, None)
             if key is None:
                 return False
-            self._unregister(key)
-            plan.evicts.append(key)
-            track.evicted.append(key)
-            self.evictions += 1
+            entry = self._unregister(key)
+            assert entry is not None
+            moves = self._moves.setdefault(req_id, _Moves())
+            if self._demote(key, entry, req_id, plan):
+                moves.demoted.append(key)
+            else:
+                plan.moves.append((EVICT, key))
+                moves.evicted.append(key)
+                self.evictions += 1
         return True
+
+    def _demote(self, key: FactKey, entry: Registered, req_id: str, plan: StepPlan) -> bool:
+        """Move a fact to the host tier, dropping that tier's least recently used facts
+        to make room; ``False`` if there is no host tier or the fact is larger than it."""
+        budget = self.host_budget_tokens
+        if budget is None or entry.length > budget:
+            return False
+        while self.host_tokens + entry.length > budget:
+            old, dropped = self.host.popitem(last=False)
+            self.host_tokens -= dropped.length
+            plan.moves.append((EVICT, old))
+            self._moves.setdefault(req_id, _Moves()).evicted.append(old)
+            self.evictions += 1
+        self.host[key] = entry
+        self.host_tokens += entry.length
+        plan.moves.append((DEMOTE, key))
+        self.demotions += 1
+        return True
+
+    def _promote(self, req_id: str, key: FactKey) -> None:
+        """Bring a demoted fact back to the device for a load in this step. If no room
+        can be made the fact stays on the host; the workers then miss it and vLLM
+        recomputes its blocks (correct, only slower)."""
+        entry = self.host.pop(key)
+        self.host_tokens -= entry.length
+        if not self._make_room(entry.length, req_id, self._next):
+            logger.warning("no room to promote fact %s to the device", key)
+            self.host[key] = entry
+            self.host_tokens += entry.length
+            return
+        self.registry[key] = entry
+        self.registered_tokens += entry.length
+        self._next.moves.append((PROMOTE, key))
+        self._moves.setdefault(req_id, _Moves()).promoted.append(key)
+        self.promotions += 1
 
     def _request_params(self, request: RequestLike) -> RequestParams | None:
         req_id = request.request_id
@@ -249,7 +345,7 @@ class SchedulerSide:
         usable: list[Span] = []
         position = 0
         for span in params.inject:
-            entry = self.registry.get(span.key)
+            entry = self.registry.get(span.key) or self.host.get(span.key)
             if (span.start != position or entry is None or entry.length != span.length
                     or entry.digest != token_digest(prompt[span.start:span.end])):
                 break
@@ -281,7 +377,7 @@ class SchedulerSide:
         self._captures[request.request_id] = _CaptureTrack(wanted, list(block_ids))
 
     def _is_registered(self, span: Span, prompt: list[int]) -> bool:
-        entry = self.registry.get(span.key)
+        entry = self.registry.get(span.key) or self.host.get(span.key)
         tokens = prompt[span.start:span.end]
         return entry is not None and entry.digest == token_digest(tokens)
 
@@ -296,10 +392,11 @@ class SchedulerSide:
             # The workers overwrite this key's pool entry in this step, but with async
             # scheduling later steps are planned before this request finishes: the old
             # registration must not be claimed meanwhile.
-            self._unregister(span.key)
-            if not self._make_room(span.length, track, plan):
+            self._forget(span.key)
+            if not self._make_room(span.length, req_id, plan):
                 logger.warning("fact %s does not fit the KV pool budget; not captured",
                                span.key)
+                plan.evicts.append(span.key)  # any older KV of it on the workers
                 continue
             self._reserved += span.length
             self._capturer[span.key] = req_id

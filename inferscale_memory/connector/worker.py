@@ -19,7 +19,7 @@ import torch
 
 from inferscale_memory.connector import compat
 from inferscale_memory.connector.params import SHARED_NS, FactKey
-from inferscale_memory.connector.plan import LoadOp, StepPlan
+from inferscale_memory.connector.plan import DEMOTE, PROMOTE, LoadOp, StepPlan
 from inferscale_memory.kv import fused
 from inferscale_memory.kv.fused import FusedInjector
 from inferscale_memory.kv.layout import CacheLayout, flat_view, probe_layout
@@ -56,11 +56,13 @@ class WorkerSide:
     def __init__(self, vllm_config: Any) -> None:
         self._config = vllm_config
         self.pool: KVPool[FactKey] = KVPool()
+        self.host_pool: KVPool[FactKey] = KVPool()  # demoted facts, in host memory
         self._layers: list[_Layer] = []
         self._index: dict[str, int] = {}
         self._block_size = compat.cache_block_size(vllm_config)
         self._shift: RotaryShift | None = None
         self._slab: KVSlab | None = None
+        self._host: KVSlab | None = None
         self._capture: _Capture | None = None  # this step's captures, layer by layer
         self._fused: FusedInjector | None = None
         self._load_errors: set[int] = set()
@@ -85,6 +87,11 @@ class WorkerSide:
         budget = compat.pool_budget_tokens(self._config)
         self._slab = KVSlab(len(names), heads, head_dim, first.dtype, first.device,
                             capacity=min(4096, budget or 4096), max_capacity=budget)
+        host_budget = compat.host_pool_budget_tokens(self._config)
+        if host_budget:
+            self._host = KVSlab(len(names), heads, head_dim, first.dtype, "cpu",
+                                capacity=min(4096, host_budget), max_capacity=host_budget,
+                                pin_memory=first.is_cuda)
         self._shift = RotaryShift.from_rotary_module(compat.model_rotary_module(head_dim))
         layouts = [layer.layout for layer in self._layers]
         if fused.available(first.device, first.dtype, self._slab.data.dtype, layouts):
@@ -98,8 +105,16 @@ class WorkerSide:
     # -- loading (before the forward pass) ---------------------------------------------
 
     def start_load(self, plan: StepPlan) -> None:
-        """Write every load of this step into the paged cache, then apply evictions."""
+        """Apply the step's pool moves, write every load into the paged cache, then apply
+        evictions."""
         started = time.perf_counter() if self._timing is not None else 0.0
+        for move, key in plan.moves:
+            if move == DEMOTE:
+                self._demote(key)
+            elif move == PROMOTE:
+                self._promote(key)
+            else:
+                self._drop(key)
         batch = self._load_batch(plan.loads)
         if batch is not None:
             assert self._shift is not None and self._slab is not None
@@ -168,10 +183,43 @@ class WorkerSide:
                          blocks * size + pos % size))
 
     def _drop(self, key: FactKey) -> None:
+        """Forget ``key`` in both tiers."""
+        for pool, slab in ((self.pool, self._slab), (self.host_pool, self._host)):
+            entry = pool.get(key)
+            if entry is not None and pool.evict(key):
+                assert slab is not None
+                slab.free(entry.offset, entry.num_tokens)
+
+    def _demote(self, key: FactKey) -> None:
+        """Copy a fact's rows to the host tier and free them on the device."""
         entry = self.pool.get(key)
-        if entry is not None and self.pool.evict(key):
-            assert self._slab is not None
-            self._slab.free(entry.offset, entry.num_tokens)
+        if entry is None or self._host is None:
+            self._drop(key)
+            return
+        assert self._slab is not None
+        n = entry.num_tokens
+        offset = self._allocate(n, host=True)
+        if offset is not None:
+            self._host.data[offset:offset + n].copy_(
+                self._slab.data[entry.offset:entry.offset + n])
+        self._drop(key)  # frees the device rows
+        if offset is not None:
+            self.host_pool.put(key, PoolEntry(offset, n, entry.start, entry.nbytes))
+
+    def _promote(self, key: FactKey) -> None:
+        """Copy a demoted fact's rows back to the device (before this step's loads)."""
+        entry = self.host_pool.get(key)
+        if entry is None:
+            return  # dropped here meanwhile: its load fails and vLLM recomputes it
+        assert self._slab is not None and self._host is not None
+        self.host_pool.evict(key)
+        offset = self._allocate(entry.num_tokens)
+        if offset is not None:
+            n = entry.num_tokens
+            self._slab.data[offset:offset + n].copy_(
+                self._host.data[entry.offset:entry.offset + n], non_blocking=True)
+            self.pool.put(key, PoolEntry(offset, n, entry.start, entry.nbytes))
+        self._host.free(entry.offset, entry.num_tokens)
 
     def take_load_errors(self) -> set[int]:
         errors, self._load_errors = self._load_errors, set()
@@ -227,26 +275,26 @@ class WorkerSide:
             self.pool.put(span.key, PoolEntry(offset, num_tokens, span.start,
                                               num_tokens * self._slab.bytes_per_token))
 
-    def _allocate(self, num_tokens: int) -> int | None:
-        """Slab rows for a capture, or ``None`` if there is no room.
+    def _allocate(self, num_tokens: int, host: bool = False) -> int | None:
+        """Rows of the device slab (or of the host tier), or ``None`` if there is no room.
 
-        The scheduler keeps the captures within the budget, so the slab is full only when
-        its free rows are fragmented: then the least recently used facts go (the
+        The scheduler keeps both tiers within their budgets, so a slab is full only when
+        its free rows are fragmented: then its least recently used facts go (the
         scheduler still lists them; a request naming one fails its load and recomputes
-        it). A capture that still does not fit is not stored: never an error that would
+        it). Rows that still cannot be found are not stored: never an error that would
         stop the engine.
         """
-        assert self._slab is not None
+        slab, pool = (self._host, self.host_pool) if host else (self._slab, self.pool)
+        assert slab is not None
         while True:
             try:
-                return self._slab.allocate(num_tokens)
+                return slab.allocate(num_tokens)
             except SlabFullError:
-                victim = next((k for k in self.pool.lru_order() if k.ns != SHARED_NS), None)
+                victim = next((k for k in pool.lru_order() if k.ns != SHARED_NS), None)
                 if victim is None:
-                    logger.warning("no room for a capture of %d tokens in the KV pool",
-                                   num_tokens)
+                    logger.warning("no room for %d tokens of fact KV", num_tokens)
                     return None
-                logger.warning("KV pool fragmented; dropping %s to store a capture", victim)
+                logger.warning("KV pool fragmented; dropping %s to make room", victim)
                 self._drop(victim)
 
     # -- helpers -----------------------------------------------------------------------

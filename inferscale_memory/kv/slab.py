@@ -23,12 +23,13 @@ class KVSlab:
 
     def __init__(self, layers: int, heads: int, head_dim: int, dtype: torch.dtype,
                  device: torch.device | str, capacity: int = 4096,
-                 max_capacity: int | None = None) -> None:
+                 max_capacity: int | None = None, pin_memory: bool = False) -> None:
         self.max_capacity = max_capacity
+        self.pin_memory = pin_memory  # page-locked host rows (fast, asynchronous copies)
         if max_capacity is not None:
             capacity = min(capacity, max_capacity)
         self.data = torch.zeros((capacity, layers, 2, heads, head_dim), dtype=dtype,
-                                device=device)
+                                device=device, pin_memory=pin_memory)
         self._free: list[tuple[int, int]] = [(0, capacity)]  # (offset, length), sorted
 
     @property
@@ -92,7 +93,8 @@ class KVSlab:
             if old + at_least > self.max_capacity:
                 raise SlabFullError(f"no {at_least} free rows in a slab of {old}")
             new = min(new, self.max_capacity)
-        grown = self.data.new_zeros((new, *self.data.shape[1:]))
+        grown = torch.zeros((new, *self.data.shape[1:]), dtype=self.data.dtype,
+                            device=self.data.device, pin_memory=self.pin_memory)
         grown[:old] = self.data
         self.data = grown
         self.free(old, new - old)

@@ -21,7 +21,7 @@ from inferscale_memory.connector.params import (
     Span,
     cache_salt,
 )
-from inferscale_memory.connector.plan import CaptureOp, LoadOp, StepPlan
+from inferscale_memory.connector.plan import DEMOTE, EVICT, PROMOTE, CaptureOp, LoadOp, StepPlan
 from inferscale_memory.connector.scheduler import SchedulerSide
 
 pytest.importorskip("vllm")
@@ -607,7 +607,7 @@ def test_budget_makes_room_by_evicting_least_recently_used_facts() -> None:
     prompt, spans = layout((HEADER, HEADER_IDS), (B, B_IDS), (FactKey("alice", "q"), QUESTION))
     req = request("cap2", prompt, RequestParams("alice", LAYOUT, capture=tuple(spans[:-1])))
     _, plan = schedule(side, req, [1, 2, 3])
-    assert plan.evicts == [A]
+    assert plan.moves == [(EVICT, A)] and plan.evicts == []
     assert [span.key for op in plan.captures for span in op.spans] == [B]
     report = side.finished(req)
     assert report is not None and report[PARAMS_KEY]["evicted"] == [[A.ns, A.name]]
@@ -651,3 +651,105 @@ def test_registered_tokens_follow_every_change() -> None:
     capture_all(side, "cap2", ((HEADER, HEADER_IDS), (B, B_IDS[:4])))  # B recaptured shorter
     assert side.registered_tokens == len(HEADER_IDS) + 4
     assert side.evictions == 0
+
+
+# -- a host-memory tier under the device pool ----------------------------------------------
+
+
+def _capture_b_over_a(side: SchedulerSide) -> tuple[StepPlan, dict[str, Any] | None]:
+    """HEADER and A registered (B found no room beside A in flight), then B captured."""
+    capture_all(side)
+    prompt, spans = layout((HEADER, HEADER_IDS), (B, B_IDS), (FactKey("alice", "q"), QUESTION))
+    req = request("cap2", prompt, RequestParams("alice", LAYOUT, capture=tuple(spans[:-1])))
+    _, plan = schedule(side, req, [1, 2, 3])
+    return plan, side.finished(req)
+
+
+def test_room_is_made_by_demoting_to_the_host_tier() -> None:
+    side = SchedulerSide(budget_tokens=25, host_budget_tokens=30)
+    plan, report = _capture_b_over_a(side)
+    assert plan.moves == [(DEMOTE, A)] and plan.evicts == []
+    assert report is not None
+    body = report[PARAMS_KEY]
+    assert body["demoted"] == [[A.ns, A.name]] and "evicted" not in body
+    assert body["host_tokens"] == len(A_IDS) and body["host_budget_tokens"] == 30
+    assert set(side.registry) == {HEADER, B} and set(side.host) == {A}
+    assert side.demotions == 1 and side.evictions == 0
+
+
+def test_a_demoted_fact_is_promoted_before_its_load_not_recomputed() -> None:
+    side = SchedulerSide(budget_tokens=25, host_budget_tokens=30)
+    _capture_b_over_a(side)
+    req = inject_request("r", ((HEADER, HEADER_IDS), (A, A_IDS)))
+    claimed, plan = schedule(side, req, [1, 2, 3])
+    assert claimed == len(HEADER_IDS) + len(A_IDS)  # A is claimed from the host tier
+    # B (least recently used, not loaded in this step) goes to the host first, then A
+    # comes back; the workers replay the moves in this order before the loads.
+    assert plan.moves == [(DEMOTE, B), (PROMOTE, A)]
+    assert [piece[0] for op in plan.loads for piece in op.pieces] == [HEADER, A]
+    body = side.finished(req)
+    assert body is not None
+    assert body[PARAMS_KEY]["missing"] == []
+    assert body[PARAMS_KEY]["promoted"] == [[A.ns, A.name]]
+    assert body[PARAMS_KEY]["demoted"] == [[B.ns, B.name]]
+    assert set(side.registry) == {HEADER, A} and set(side.host) == {B}
+    assert side.registered_tokens <= 25 and side.host_tokens == len(B_IDS)
+
+
+def test_the_host_tier_drops_its_least_recently_used_facts() -> None:
+    side = SchedulerSide(budget_tokens=25, host_budget_tokens=len(A_IDS))
+    _capture_b_over_a(side)  # A demoted: the host tier is full
+    report = capture_all(side, "cap3", ((HEADER, HEADER_IDS), (C, C_IDS + [1, 2, 3])))
+    assert report is not None
+    assert report[PARAMS_KEY]["demoted"] == [[B.ns, B.name]]
+    assert report[PARAMS_KEY]["evicted"] == [[A.ns, A.name]]  # made room for B there
+    assert set(side.host) == {B} and set(side.registry) == {HEADER, C}
+    req = inject_request("r", ((HEADER, HEADER_IDS), (A, A_IDS)))
+    claimed, _ = schedule(side, req, [1, 2, 3])
+    assert claimed == len(HEADER_IDS)  # A is gone from both tiers: recomputed
+    body = side.finished(req)
+    assert body is not None and body[PARAMS_KEY]["missing"] == [[A.ns, A.name]]
+
+
+def test_a_fact_larger_than_the_host_tier_is_evicted() -> None:
+    side = SchedulerSide(budget_tokens=25, host_budget_tokens=len(A_IDS) - 1)
+    plan, report = _capture_b_over_a(side)
+    assert plan.moves == [(EVICT, A)]
+    assert report is not None and report[PARAMS_KEY]["evicted"] == [[A.ns, A.name]]
+    assert not side.host
+
+
+def test_a_fact_loaded_in_the_step_is_never_moved_to_make_room() -> None:
+    # The moves run before the step's loads, so a victim loaded in the same step would
+    # be gone from the device when its load runs.
+    side = SchedulerSide(budget_tokens=8 + 12, host_budget_tokens=100)
+    capture_all(side, parts=((HEADER, HEADER_IDS), (A, A_IDS)))
+    inject = inject_request("r", ((HEADER, HEADER_IDS), (A, A_IDS)))
+    side.after_alloc(inject, [1, 2, 3], side.num_matched_tokens(inject, 0))
+    prompt, spans = layout((HEADER, HEADER_IDS), (C, C_IDS), (FactKey("alice", "q"), QUESTION))
+    cap = request("cap2", prompt, RequestParams("alice", LAYOUT, capture=tuple(spans[:-1])))
+    side.after_alloc(cap, [4, 5, 6], side.num_matched_tokens(cap, 0))
+    plan = side.build_plan(
+        [NewRequestData.from_request(r, ([1, 2, 3],)) for r in (inject, cap)],
+        CachedRequestData.make_empty(), {"r": 10, "cap2": len(prompt)})
+    assert plan.moves == []  # A stays; C found no room and is not captured
+    assert [span.key for op in plan.captures for span in op.spans] == []
+    assert [piece[0] for op in plan.loads for piece in op.pieces] == [HEADER, A]
+    assert set(side.registry) == {HEADER, A}
+    # In a later step, A is fair game again.
+    report = capture_all(side, "cap3", ((HEADER, HEADER_IDS), (C, C_IDS)))
+    assert report is not None and report[PARAMS_KEY]["demoted"] == [[A.ns, A.name]]
+
+
+def test_deleting_or_recapturing_a_demoted_fact_forgets_its_host_copy() -> None:
+    side = SchedulerSide(budget_tokens=25, host_budget_tokens=30)
+    _capture_b_over_a(side)  # A on the host
+    evict = request("e", QUESTION, RequestParams("alice", LAYOUT, evict=(A,)))
+    _, plan = schedule(side, evict, [1])
+    side.finished(evict)
+    assert plan.evicts == [A] and not side.host and side.host_tokens == 0
+    side2 = SchedulerSide(budget_tokens=25, host_budget_tokens=30)
+    _capture_b_over_a(side2)
+    capture_all(side2, "cap3", ((HEADER, HEADER_IDS), (A, A_IDS[:5])))  # A recaptured
+    assert A in side2.registry and A not in side2.host
+    assert side2.registry[A].length == 5

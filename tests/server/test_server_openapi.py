@@ -1,0 +1,186 @@
+"""Property-based tests of the real server against its own OpenAPI document (schemathesis).
+
+For every operation, valid and invalid requests generated from the document must get no
+5xx, a documented status code, a documented content type and a body that matches the
+documented schema; invalid ones must be refused (4xx); every ``/v1`` request without a
+valid API key gets a 401. The engine must answer a chat afterwards.
+
+Valid requests are steered past the first refusals (see :func:`tame`), and chat
+completions are kept cheap: a schema-valid ``max_tokens`` may be up to 1,000,000, and at
+some ten milliseconds per token on a CPU one such request would take minutes, so
+``max_tokens`` above 4 is lowered to 4 (and set to 4 when absent).
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections import Counter
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from schemathesis import GenerationMode
+from schemathesis.checks import not_a_server_error
+from schemathesis.specs.openapi.checks import (
+    content_type_conformance,
+    negative_data_rejection,
+    response_schema_conformance,
+    status_code_conformance,
+)
+from server_helpers import add_facts, ask, http
+
+if TYPE_CHECKING:
+    from inferscale_memory.server import ServerHandle
+
+pytestmark = pytest.mark.engine
+
+ADMIN = {"Authorization": "Bearer key-admin"}
+CHAT = "/v1/chat/completions"
+SCHEMA_USER = "srv-schema"
+WREN = ["Wren keeps bees.", "Wren's hives are on the roof.", "Wren sells honey on Fridays."]
+MAX_TOKENS = 4
+EXAMPLES = 30  # per operation, valid and invalid requests together
+CHECKS = [
+    not_a_server_error,
+    status_code_conformance,
+    content_type_conformance,
+    response_schema_conformance,
+    negative_data_rejection,
+]
+
+
+def tame(case: Any, model: str, fact_ids: list[str]) -> dict[str, str]:
+    """Steer a generated request past the first refusals; return the headers to send.
+
+    Only valid requests are changed. Two in three name the served model and a user with
+    facts or none, and end with a user message (chat), or name that user in the
+    ``X-Memory-User`` header instead of ``user_id`` and one of its real facts (memories);
+    ``max_tokens`` above 4 is lowered to 4. Invalid requests are refused before they
+    reach the engine.
+    """
+    headers = dict(ADMIN)
+    if case.meta is None or case.meta.generation.mode != GenerationMode.POSITIVE:
+        return headers  # an invalid request stays exactly as generated
+    steer = zlib.crc32(repr((case.body, case.query, case.path_parameters)).encode()) % 3
+    body = case.body if isinstance(case.body, dict) else {}
+    if case.path == CHAT:
+        if steer and body:
+            body["model"] = model
+            body["user"] = SCHEMA_USER if steer == 1 else None
+            if isinstance(body.get("messages"), list) and len(body["messages"]) < 1024:
+                body["messages"].append({"role": "user", "content": "Who keeps bees?"})
+        lengths = [key for key in ("max_tokens", "max_completion_tokens") if key in body]
+        if body and not lengths:
+            body["max_tokens"] = MAX_TOKENS
+        for key in lengths:
+            value = body[key]
+            if isinstance(value, int) and not isinstance(value, bool) and value > MAX_TOKENS:
+                body[key] = MAX_TOKENS
+    elif case.path.startswith("/v1/memories") and steer:
+        body.pop("user_id", None)
+        if case.query:
+            case.query.pop("user_id", None)
+        headers["X-Memory-User"] = SCHEMA_USER
+        if case.path_parameters and "memory_id" in case.path_parameters:
+            case.path_parameters["memory_id"] = fact_ids[steer % len(fact_ids)]
+    return headers
+
+
+def check_case(case: Any, model: str, fact_ids: list[str], seen: Counter[tuple[str, int]]) -> None:
+    """Send one generated request with the admin key and without a valid key."""
+    headers = tame(case, model, fact_ids)
+    response = case.call(headers=headers, timeout=120)
+    seen[(f"{case.method} {case.path}", response.status_code)] += 1
+    case.validate_response(response, checks=CHECKS, headers=headers)
+    if case.path.startswith("/v1"):
+        for bad in ({}, {"Authorization": "Bearer not-a-key"}, {"Authorization": "key-a"}):
+            refused = case.call(headers=bad, timeout=120)
+            assert refused.status_code == 401, (bad, refused.text)
+            assert refused.json()["error"]["code"] == "invalid_api_key"
+
+
+def test_server_conforms_to_its_openapi_document(server: ServerHandle, model: str) -> None:
+    # schemathesis' pytest integration (schema.parametrize) does not run on pytest 9, so
+    # each operation gets its own hypothesis run here; all failures are reported together.
+    schema = schemathesis.openapi.from_url(f"{server.url}/openapi.json", timeout=60)
+    failures, operations, seen = {}, 0, Counter[tuple[str, int]]()
+    for result in schema.get_all_operations():
+        operation = result.ok()
+        operations += 1
+        # Fresh facts for each operation: an earlier one may have deleted them all.
+        fact_ids = [f["id"] for f in add_facts(server, SCHEMA_USER, WREN)]
+        cases = st.one_of(
+            operation.as_strategy(GenerationMode.POSITIVE),
+            operation.as_strategy(GenerationMode.NEGATIVE),
+        )
+
+        @given(case=cases)
+        @settings(
+            max_examples=EXAMPLES,
+            deadline=None,
+            derandomize=True,
+            database=None,
+            suppress_health_check=list(HealthCheck),
+        )
+        def run(case: Any) -> None:
+            check_case(case, model, fact_ids, seen)  # noqa: B023 - run right below
+
+        try:
+            run()
+        except Exception as exc:  # noqa: BLE001 - collected, reported below
+            failures[f"{operation.method.upper()} {operation.path}"] = f"{exc}"[:3000]
+    print(sorted(seen.items()))
+    # Operations without parameters have one possible request, sent once.
+    assert operations >= 12 and sum(seen.values()) >= (operations - 3) * EXAMPLES
+    assert seen["POST /v1/chat/completions", 200] >= 5  # answers, not only refusals
+    for operation in (
+        "POST /v1/memories",
+        "GET /v1/memories",
+        "POST /v1/memories/search",
+        "GET /v1/memories/{memory_id}",
+        "PUT /v1/memories/{memory_id}",
+    ):
+        assert seen[operation, 200] + seen[operation, 201] >= 3, operation
+    assert not failures, "\n\n".join(f"{op}:\n{text}" for op, text in failures.items())
+
+
+def test_engine_serves_after_the_schema_tests(server: ServerHandle, model: str) -> None:
+    with http(server) as client:
+        response = client.post(
+            "/chat/completions",
+            json={"model": model, "messages": ask("Say hello."), "max_tokens": 4},
+        )
+        assert response.status_code == 200, response.text
+        assert response.json()["usage"]["completion_tokens"] >= 1
+        assert client.get(f"{server.url}/health").json()["status"] == "ok"
+
+
+def test_deeply_nested_json_is_a_400(server: ServerHandle, model: str) -> None:
+    """JSON nested deeper than Python's recursion limit must not be a 500."""
+    nested = b"[" * 100_000 + b"]" * 100_000
+    body = b'{"user_id": "srv-deep", "text": "A fact.", "metadata": {"a": ' + nested + b"}}"
+    with http(server) as client:
+        for path, content in (("/memories", body), ("/chat/completions", nested)):
+            response = client.post(
+                path, content=content, headers={"Content-Type": "application/json"}
+            )
+            assert response.status_code == 400, response.text
+        deep = {"a": 1}
+        for _ in range(150):
+            deep = {"a": deep}
+        response = client.post(
+            "/memories", json={"user_id": "srv-deep", "text": "A fact.", "metadata": deep}
+        )
+        assert response.status_code == 400 and "nested" in response.json()["error"]["message"]
+        surrogate = client.post(
+            "/memories",
+            content=b'{"user_id": "srv-deep", "text": "bad \\ud800 fact"}',
+            headers={"Content-Type": "application/json"},
+        )
+        assert surrogate.status_code == 400, surrogate.text
+        response = client.post(
+            "/chat/completions", json={"model": model, "messages": ask("Hi"), "max_tokens": 2}
+        )
+    assert response.status_code == 200
