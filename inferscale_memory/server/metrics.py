@@ -2,9 +2,14 @@
 
 Chat answers feed the TTFT histogram (by mode), token counters and the recompute
 fallbacks; :class:`~inferscale_memory.server.middleware.RequestCounter` counts requests by
-route, method and status; the store's fact
-count and an estimate of the engine's fact KV pool are refreshed when ``/metrics`` is
-scraped (at most every ``refresh_s`` seconds: it walks the store in a worker thread).
+route, method and status; the engine's fact-KV pool counters (:class:`~inferscale_memory.
+results.KVStats`: hits, misses, captures, evictions, demotions, promotions, rows held) are
+read at each scrape; the store's fact count and an estimate of the KV of every stored
+fact are refreshed when ``/metrics`` is scraped (at most every ``refresh_s`` seconds: it
+walks the store in a worker thread).
+
+No metric has a tenant label: ``/metrics`` is served without an API key, and a label per
+tenant would publish user ids (and grow without bound with the tenants).
 """
 
 from __future__ import annotations
@@ -13,9 +18,11 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from inferscale_memory.results import ChatMetrics
 
@@ -73,6 +80,7 @@ class ServerMetrics:
             "inferscale_kv_pool_bytes_estimate",
             "Estimated bytes of fact KV held by the engine (stored facts' tokens x KV bytes "
             "per token)", registry=r)
+        r.register(KVStatsCollector(engine))
 
     def observe_chat(self, metrics: ChatMetrics, mode: str) -> None:
         """Record one finished chat answer (``mode``: kv, text or off)."""
@@ -133,3 +141,40 @@ def _kv_bytes_per_token(engine: MemoryEngine) -> int:
                 else config.get("dtype") or config.get("torch_dtype") or "bfloat16")
     width = 4 if "32" in dtype else 2
     return 2 * layers * heads * head_dim * width
+
+
+KV_COUNTERS = (
+    ("captured", "inferscale_kv_captured_facts", "Facts (and headers) whose KV was captured"),
+    ("injected", "inferscale_kv_injected_facts", "Facts whose KV an answer loaded (hits)"),
+    ("recomputed", "inferscale_kv_missed_facts",
+     "Facts an answer named whose KV was gone, computed from text instead (misses)"),
+    ("evicted", "inferscale_kv_evicted_facts", "Facts dropped from the pool to make room"),
+    ("demoted", "inferscale_kv_demoted_facts", "Facts moved to the host-memory tier"),
+    ("promoted", "inferscale_kv_promoted_facts",
+     "Facts copied back from the host-memory tier for an answer (host hits)"),
+)
+KV_GAUGES = (
+    ("pool_tokens", "inferscale_kv_pool_tokens", "Token rows of fact KV on the device"),
+    ("budget_tokens", "inferscale_kv_pool_budget_tokens",
+     "The device pool's budget in token rows (kv_pool_gb)"),
+    ("host_tokens", "inferscale_kv_host_tokens", "Token rows of fact KV in host memory"),
+    ("host_budget_tokens", "inferscale_kv_host_budget_tokens",
+     "The host tier's budget in token rows (kv_host_pool_gb; absent without a tier)"),
+)
+
+
+class KVStatsCollector:
+    """The engine's :attr:`~inferscale_memory.engine.MemoryEngine.kv_stats`, read at each
+    scrape."""
+
+    def __init__(self, engine: MemoryEngine) -> None:
+        self._engine = engine
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self._engine.kv_stats
+        for field, name, help_text in KV_COUNTERS:
+            yield CounterMetricFamily(name, help_text, value=getattr(stats, field))
+        for field, name, help_text in KV_GAUGES:
+            value = getattr(stats, field)
+            if value is not None:
+                yield GaugeMetricFamily(name, help_text, value=value)

@@ -87,7 +87,7 @@ def test_malformed_requests_and_the_server_keeps_serving(server: ServerHandle,
         assert client.get(f"{server.url}/health").json()["status"] == "ok"
 
 
-def test_metrics(server: ServerHandle, model: str) -> None:
+def test_metrics(server: ServerHandle, model: str, engine: MemoryEngine) -> None:
     add_facts(server, "srv-metrics", "Quinn's bike is red.")
     with http(server) as client:
         for mode in ("kv", "text"):
@@ -104,6 +104,16 @@ def test_metrics(server: ServerHandle, model: str) -> None:
     assert samples[("inferscale_recomputed_facts_total", ())] >= 0
     assert samples[("inferscale_facts", ())] >= 1
     assert samples[("inferscale_kv_pool_bytes_estimate", ())] > 0
+    # The engine's pool counters, read at the scrape (the engine is shared: later values
+    # can only be larger).
+    stats = engine.kv_stats
+    assert 1 <= samples[("inferscale_kv_injected_facts_total", ())] <= stats.injected
+    assert 1 <= samples[("inferscale_kv_captured_facts_total", ())] <= stats.captured
+    assert samples[("inferscale_kv_missed_facts_total", ())] <= stats.recomputed
+    assert samples[("inferscale_kv_pool_tokens", ())] > 0
+    assert samples[("inferscale_kv_pool_budget_tokens", ())] == stats.budget_tokens
+    assert ("inferscale_kv_host_tokens", ()) in samples
+    assert ("inferscale_kv_host_budget_tokens", ()) not in samples  # no host tier here
     for status, at_least in (("200", 2), ("404", 1)):
         labels = (("method", "POST"), ("route", "/v1/chat/completions"), ("status", status))
         assert samples[("inferscale_http_requests_total", labels)] >= at_least
