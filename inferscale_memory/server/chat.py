@@ -79,6 +79,7 @@ class _Call:
         kwargs: dict[str, Any] = {
             "user_id": memory_user, "k": options.k,
             "mode": "text" if self.mode == "off" else self.mode,
+            "fact_order": options.fact_order, "recompute_tail": options.recompute_tail,
             "max_tokens": body.max_completion_tokens or body.max_tokens,
             "stop": body.stop_list(), "seed": body.seed,
             "logprobs": max(1, self.top_logprobs) if self.top_logprobs is not None else None,

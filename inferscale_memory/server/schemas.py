@@ -64,12 +64,18 @@ class MemoryOptions(BaseModel):
         k: Facts retrieved (default: the engine's ``k``).
         mode: ``kv`` injects the facts' KV, ``text`` prefills them as text (same token
             ids), ``off`` answers without memory.
+        fact_order: ``rank`` (best-ranked fact last) or ``time`` (oldest first); default:
+            the engine's ``fact_order``.
+        recompute_tail: The last this many facts are computed by the engine instead of
+            injected (they attend to the facts before them); default: the engine's.
     """
 
     model_config = ConfigDict(extra="forbid")
 
     k: int | None = Field(None, ge=1, le=MAX_K)
     mode: Literal["kv", "text", "off"] = "kv"
+    fact_order: Literal["rank", "time"] | None = None
+    recompute_tail: int | None = Field(None, ge=0, le=MAX_K)
 
 
 class StreamOptions(BaseModel):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import httpx
 import pytest
 from server_helpers import add_facts, ask, assert_openai_error, http, openai_client
 
@@ -83,6 +84,33 @@ def test_answer_uses_a_fact_added_through_the_memories_api(server: ServerHandle,
     assert text.usage is not None and text.usage.injected_tokens == 0  # type: ignore
     assert text.memory["fact_ids"] == [fact["id"]]  # type: ignore[attr-defined]
 
+
+def test_quality_levers_per_request(server: ServerHandle, model: str) -> None:
+    facts = add_facts(server, "srv-levers", ["Ola's car is blue.", "Ola works as a nurse.",
+                                             "Ola plays the violin every evening."])
+    ids = [fact["id"] for fact in facts]
+
+    def chat(memory: dict[str, object]) -> httpx.Response:
+        with http(server) as client:
+            return client.post("/chat/completions", json={
+                "model": model, "messages": ask("Which instrument does Ola play?"),
+                "max_tokens": 2, "user": "srv-levers", "memory": {"k": 3, **memory}})
+
+    by_time = chat({"fact_order": "time"}).json()
+    assert by_time["memory"]["fact_ids"] == ids  # oldest first
+    by_rank = chat({"fact_order": "rank"}).json()
+    with http(server) as client:
+        hits = client.post("/memories/search", json={
+            "user_id": "srv-levers", "query": "Which instrument does Ola play?", "k": 3}).json()
+    best_first = [hit["id"] for hit in hits["data"]]
+    assert best_first != ids  # else the two orders could not be told apart
+    assert by_rank["memory"]["fact_ids"] == best_first[::-1]  # the best match last
+    injected = [chat({"fact_order": "time", "recompute_tail": tail}).json()["usage"]
+                ["injected_tokens"] for tail in (0, 3)]
+    assert injected[0] > injected[1]  # the three facts computed, not injected
+    for bad in ({"fact_order": "random"}, {"recompute_tail": -1},
+                {"recompute_tail": "two"}):
+        assert_openai_error(chat(bad), 400)
 
 def test_logprobs(server: ServerHandle, model: str) -> None:
     reply = openai_client(server).chat.completions.create(
