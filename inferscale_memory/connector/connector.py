@@ -14,7 +14,8 @@ vLLM creates one instance per role in separate processes:
   request's blocks before the forward pass. ``save_kv_layer`` copies captured spans out
   of each layer's cache after its attention ran; ``wait_for_save`` stores them in the pool.
   ``get_block_ids_with_load_errors`` reports blocks whose fact was missing, which vLLM
-  then recomputes.
+  then recomputes; the scheduler side learns of them in ``update_connector_output``,
+  forgets those facts and reports them missing (so they are recaptured).
 
 Configure it with :func:`inferscale_memory.connector.kv_transfer_config`.
 """
@@ -50,7 +51,8 @@ class InferScaleConnector(KVConnectorBase_V1):
                  kv_cache_config: Any = None) -> None:
         super().__init__(vllm_config, role, kv_cache_config)
         self._scheduler = (SchedulerSide(compat.pool_budget_tokens(vllm_config),
-                                         compat.host_pool_budget_tokens(vllm_config))
+                                         compat.host_pool_budget_tokens(vllm_config),
+                                         compat.cache_block_size(vllm_config))
                            if role == KVConnectorRole.SCHEDULER else None)
         self._worker = WorkerSide(vllm_config) if role == KVConnectorRole.WORKER else None
 
@@ -107,6 +109,12 @@ class InferScaleConnector(KVConnectorBase_V1):
                                           scheduler_output.scheduled_cached_reqs,
                                           scheduler_output.num_scheduled_tokens)
         return InferScaleMetadata(plan)
+
+    def update_connector_output(self, connector_output: Any) -> None:
+        assert self._scheduler is not None
+        failed = getattr(connector_output, "invalid_block_ids", None)
+        if failed:
+            self._scheduler.load_failed(set(failed))
 
     def request_finished(self, request: Any,
                          block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:

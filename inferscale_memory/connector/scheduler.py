@@ -113,7 +113,7 @@ class SchedulerSide:
     """
 
     def __init__(self, budget_tokens: int | None = None,
-                 host_budget_tokens: int | None = None) -> None:
+                 host_budget_tokens: int | None = None, block_size: int = 16) -> None:
         self.registry: OrderedDict[FactKey, Registered] = OrderedDict()  # LRU first
         self.host: OrderedDict[FactKey, Registered] = OrderedDict()  # demoted, LRU first
         self.budget_tokens = budget_tokens
@@ -126,6 +126,10 @@ class SchedulerSide:
         self._reserved = 0  # tokens of captures emitted to the workers, not yet registered
         self._pinned: set[FactKey] = set()  # facts loaded in the step being planned
         self._moves: dict[str, _Moves] = {}  # by request
+        self.block_size = block_size
+        # Per request: (key, tokens, cache blocks) of every piece sent to the workers.
+        self._loaded: dict[str, list[tuple[FactKey, int, frozenset[int]]]] = {}
+        self.load_failures = 0
         self._params: dict[str, RequestParams | None] = {}
         self._errors: dict[str, str] = {}
         self._captures: dict[str, _CaptureTrack] = {}
@@ -170,7 +174,11 @@ class SchedulerSide:
                 if span.key in self.registry:
                     self.registry.move_to_end(span.key)  # recently used
             if num_external > 0:
-                self._next.loads.append(self._load_op(req_id, block_ids, plan, num_external))
+                op = self._load_op(req_id, block_ids, plan, num_external)
+                self._next.loads.append(op)
+                self._loaded[req_id] = [
+                    (key, length, frozenset(self._blocks(op.block_ids, position, length)))
+                    for key, _, length, position in op.pieces]
         if params.capture:
             self._track_capture(request, params, block_ids)
         for key in params.evict:
@@ -202,6 +210,31 @@ class SchedulerSide:
         self._pinned.clear()
         return plan
 
+    def load_failed(self, block_ids: set[int]) -> None:
+        """Workers failed to load these cache blocks (vLLM recomputes them): forget the
+        facts loaded there, so that later requests do not claim them again, and report
+        them missing, so that the engine recaptures them. The shared header stays (it is
+        never recaptured; its rows are never dropped)."""
+        for req_id, pieces in self._loaded.items():
+            failed = [(key, length) for key, length, blocks in pieces
+                      if not blocks.isdisjoint(block_ids)]
+            if not failed:
+                continue
+            report = self._reports.get(req_id)
+            for key, length in failed:
+                if report is not None:
+                    report.injected_tokens -= length
+                if key.ns == SHARED_NS:
+                    continue
+                logger.warning("request %s: fact %s failed to load; recomputed, forgotten",
+                               req_id, key)
+                self.load_failures += 1
+                self._forget(key)
+                self._next.evicts.append(key)
+                if report is not None and [key.ns, key.name] not in report.missing:
+                    report.missing.append([key.ns, key.name])
+            self._loaded[req_id] = [p for p in pieces if (p[0], p[1]) not in failed]
+
     def finished(self, request: RequestLike) -> dict[str, Any] | None:
         """Register the facts a capture request stored; return the request's report."""
         req_id = request.request_id
@@ -218,6 +251,7 @@ class SchedulerSide:
             self._register(key, Registered(token_digest(tokens), len(tokens)))
             captured.append([key.ns, key.name])
         moves = self._moves.pop(req_id, None)
+        self._loaded.pop(req_id, None)
         self._params.pop(req_id, None)
         self._plans.pop(req_id, None)
         self._errors.pop(req_id, None)
@@ -354,6 +388,10 @@ class SchedulerSide:
         missing = params.inject[len(usable):]
         # vLLM must compute at least the last prompt token itself.
         return InjectionPlan(tuple(usable), tuple(missing), min(position, len(prompt) - 1))
+
+    def _blocks(self, block_ids: list[int], position: int, length: int) -> list[int]:
+        first, last = position // self.block_size, (position + length - 1) // self.block_size
+        return block_ids[first:last + 1]
 
     @staticmethod
     def _load_op(req_id: str, block_ids: list[int], plan: InjectionPlan,

@@ -753,3 +753,42 @@ def test_deleting_or_recapturing_a_demoted_fact_forgets_its_host_copy() -> None:
     capture_all(side2, "cap3", ((HEADER, HEADER_IDS), (A, A_IDS[:5])))  # A recaptured
     assert A in side2.registry and A not in side2.host
     assert side2.registry[A].length == 5
+
+
+# -- a load that failed on a worker -----------------------------------------------------
+
+
+def test_a_fact_whose_load_failed_is_forgotten_reported_missing_and_recaptured() -> None:
+    # A worker that cannot find a fact's rows (a fragmented slab dropped them, a promotion
+    # found no room) fails its blocks; vLLM recomputes them. The scheduler side must then
+    # stop claiming the fact and report it missing, so that the engine recaptures it
+    # instead of recomputing it on every answer.
+    side = SchedulerSide(block_size=16)
+    capture_all(side)  # HEADER 0-8, A 8-20, B 20-30 in a prompt
+    req = inject_request("r", ((HEADER, HEADER_IDS), (A, A_IDS), (B, B_IDS)))
+    claimed, plan = schedule(side, req, [7, 8, 9])
+    assert claimed == 30 and [p[0] for op in plan.loads for p in op.pieces] == [HEADER, A, B]
+    side.load_failed({9})  # positions 32..47: the question only, nothing was loaded there
+    assert set(side.registry) == {HEADER, A, B}
+    side.load_failed({8})  # positions 16..31: the end of A and B
+    assert set(side.registry) == {HEADER}
+    evicts = side.build_plan([], CachedRequestData.make_empty(), {}).evicts
+    assert set(evicts) == {A, B}  # whatever is left of them on the workers
+    body = side.finished(req)
+    assert body is not None
+    assert body[PARAMS_KEY]["missing"] == [[A.ns, A.name], [B.ns, B.name]]
+    assert body[PARAMS_KEY]["injected_tokens"] == len(HEADER_IDS)
+    # The next request claims the header only; A is captured again when asked.
+    req = inject_request("r2", ((HEADER, HEADER_IDS), (A, A_IDS), (B, B_IDS)))
+    assert side.num_matched_tokens(req, 0) == len(HEADER_IDS)
+
+
+def test_a_failed_header_load_keeps_the_header() -> None:
+    # The shared header is captured once at start and never recaptured: forgetting it
+    # would stop all injection.
+    side = SchedulerSide(block_size=16)
+    capture_all(side)
+    req = inject_request("r", ((HEADER, HEADER_IDS), (A, A_IDS)))
+    schedule(side, req, [7, 8])
+    side.load_failed({7})  # the header and the start of A
+    assert HEADER in side.registry and A not in side.registry
