@@ -16,6 +16,7 @@ the output folder) and, for ``--target http``, the server on 127.0.0.1 in this p
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import random
 import tempfile
@@ -312,6 +313,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 next_sample += args.interval
         recorder.sample_rss(pid)
         report = summarize(recorder, args.interval)
+        if engine is not None:  # the fact-KV pool's counters (hits, misses, moves)
+            report["kv_stats"] = dataclasses.asdict(engine.kv_stats)
     finally:
         if handle is not None:
             handle.stop(timeout=60)
@@ -340,6 +343,8 @@ def main() -> None:
     report = run(args)
     Path(args.out).write_text(json.dumps(report, indent=2))
     print_table(report)
+    if "kv_stats" in report:
+        print("fact-KV pool:", report["kv_stats"])
     print(f"report: {args.out}")
 
 
