@@ -212,14 +212,14 @@ class WorkerSide:
         if entry is None:
             return  # dropped here meanwhile: its load fails and vLLM recomputes it
         assert self._slab is not None and self._host is not None
-        self.host_pool.evict(key)
-        offset = self._allocate(entry.num_tokens)
-        if offset is not None:
-            n = entry.num_tokens
+        n = entry.num_tokens
+        offset = self._allocate(n)
+        if offset is not None:  # stream-ordered before any later write of the host rows
             self._slab.data[offset:offset + n].copy_(
                 self._host.data[entry.offset:entry.offset + n], non_blocking=True)
+        self._drop(key)  # frees the host rows
+        if offset is not None:
             self.pool.put(key, PoolEntry(offset, n, entry.start, entry.nbytes))
-        self._host.free(entry.offset, entry.num_tokens)
 
     def take_load_errors(self) -> set[int]:
         errors, self._load_errors = self._load_errors, set()
