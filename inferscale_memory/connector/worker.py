@@ -149,7 +149,7 @@ class WorkerSide:
         Python touches each piece once (a pool lookup); the per-token arrays are built
         with a few vectorised numpy operations for the whole step.
         """
-        firsts, lengths, positions, deltas, tables, table_base = [], [], [], [], [], []
+        rows, lengths, positions, deltas, tables, table_base = [], [], [], [], [], []
         base = 0
         for op in loads:
             used = False
@@ -160,7 +160,7 @@ class WorkerSide:
                     logger.warning("fact %s missing from the KV pool; recomputing", key)
                     self._load_errors.update(self._blocks_of(op.block_ids, position, length))
                     continue
-                firsts.append(entry.offset + offset)
+                rows.append(entry.rows[offset:offset + length])
                 lengths.append(length)
                 positions.append(position)
                 deltas.append(position - (entry.start + offset))
@@ -178,7 +178,7 @@ class WorkerSide:
         pos = np.repeat(np.asarray(positions, dtype=np.int64), count) + within
         table = np.fromiter((b for t in tables for b in t), dtype=np.int64, count=base)
         blocks = table[np.repeat(np.asarray(table_base, dtype=np.int64), count) + pos // size]
-        return np.stack((np.repeat(np.asarray(firsts, dtype=np.int64), count) + within,
+        return np.stack((np.concatenate(rows),
                          np.repeat(np.asarray(deltas, dtype=np.int64), count),
                          blocks * size + pos % size))
 
@@ -188,7 +188,7 @@ class WorkerSide:
             entry = pool.get(key)
             if entry is not None and pool.evict(key):
                 assert slab is not None
-                slab.free(entry.offset, entry.num_tokens)
+                slab.release(entry.rows)
 
     def _demote(self, key: FactKey) -> None:
         """Copy a fact's rows to the host tier and free them on the device."""
@@ -197,14 +197,12 @@ class WorkerSide:
             self._drop(key)
             return
         assert self._slab is not None
-        n = entry.num_tokens
-        offset = self._allocate(n, host=True)
-        if offset is not None:
-            self._host.data[offset:offset + n].copy_(
-                self._slab.data[entry.offset:entry.offset + n])
+        rows = self._allocate(entry.num_tokens, host=True)
+        if rows is not None:
+            self._host.copy_rows(rows, self._slab, entry.rows)
         self._drop(key)  # frees the device rows
-        if offset is not None:
-            self.host_pool.put(key, PoolEntry(offset, n, entry.start, entry.nbytes))
+        if rows is not None:
+            self.host_pool.put(key, PoolEntry(rows, entry.start, entry.nbytes))
 
     def _promote(self, key: FactKey) -> None:
         """Copy a demoted fact's rows back to the device (before this step's loads)."""
@@ -212,14 +210,12 @@ class WorkerSide:
         if entry is None:
             return  # dropped here meanwhile: its load fails and vLLM recomputes it
         assert self._slab is not None and self._host is not None
-        n = entry.num_tokens
-        offset = self._allocate(n)
-        if offset is not None:  # stream-ordered before any later write of the host rows
-            self._slab.data[offset:offset + n].copy_(
-                self._host.data[entry.offset:entry.offset + n], non_blocking=True)
+        rows = self._allocate(entry.num_tokens)
+        if rows is not None:  # stream-ordered before any later write of the host rows
+            self._slab.copy_rows(rows, self._host, entry.rows, non_blocking=True)
         self._drop(key)  # frees the host rows
-        if offset is not None:
-            self.pool.put(key, PoolEntry(offset, n, entry.start, entry.nbytes))
+        if rows is not None:
+            self.pool.put(key, PoolEntry(rows, entry.start, entry.nbytes))
 
     def take_load_errors(self) -> set[int]:
         errors, self._load_errors = self._load_errors, set()
@@ -253,9 +249,9 @@ class WorkerSide:
             logger.warning("capture of %d spans incomplete; not stored", len(spans))
             return
         assert self._slab is not None
-        offsets = [self._allocate(span.end - span.start) for _, span in spans]
+        allocated = [self._allocate(span.end - span.start) for _, span in spans]
         kv = torch.stack(capture.kv, dim=1)  # [2, layers, n, heads, head_dim]
-        kept = [i for i, o in enumerate(offsets) if o is not None]
+        kept = [i for i, rows in enumerate(allocated) if rows is not None]
         if len(kept) < len(spans):  # token columns of the spans that found room
             sizes = [span.end - span.start for _, span in spans]
             firsts = [sum(sizes[:i]) for i in range(len(spans))]
@@ -263,38 +259,36 @@ class WorkerSide:
                                 or [torch.empty(0, dtype=torch.int64)])
             kv = kv.index_select(2, columns.to(kv.device))
         spans = [spans[i] for i in kept]
-        stored = [offsets[i] for i in kept]
+        stored = [rows for rows in allocated if rows is not None]
         if not spans:
             return
-        rows = torch.cat([torch.arange(o, o + span.end - span.start)
-                          for o, (_, span) in zip(stored, spans, strict=True)])
+        rows = torch.from_numpy(np.concatenate(stored))
         self._slab.write_rows(rows.to(kv.device), kv[0], kv[1])
-        for offset, (_, span) in zip(stored, spans, strict=True):
-            num_tokens = span.end - span.start
+        for span_rows, (_, span) in zip(stored, spans, strict=True):
             self._drop(span.key)  # the old KV of a recaptured fact
-            self.pool.put(span.key, PoolEntry(offset, num_tokens, span.start,
-                                              num_tokens * self._slab.bytes_per_token))
+            self.pool.put(span.key, PoolEntry(span_rows, span.start,
+                                              len(span_rows) * self._slab.bytes_per_token))
 
-    def _allocate(self, num_tokens: int, host: bool = False) -> int | None:
+    def _allocate(self, num_tokens: int, host: bool = False) -> np.ndarray | None:
         """Rows of the device slab (or of the host tier), or ``None`` if there is no room.
 
-        The scheduler keeps both tiers within their budgets, so a slab is full only when
-        its free rows are fragmented: then its least recently used facts go (the
-        scheduler still lists them; a request naming one fails its load and recomputes
-        it). Rows that still cannot be found are not stored: never an error that would
-        stop the engine.
+        The scheduler keeps both tiers within their budgets and a slab hands out any free
+        rows, so this finds room unless the workers hold facts the scheduler no longer
+        counts: then their least recently used facts go (a request naming one fails its
+        load, and the scheduler side forgets it). Rows that still cannot be found are not
+        stored: never an error that would stop the engine.
         """
         slab, pool = (self._host, self.host_pool) if host else (self._slab, self.pool)
         assert slab is not None
         while True:
             try:
-                return slab.allocate(num_tokens)
+                return slab.allocate_rows(num_tokens)
             except SlabFullError:
                 victim = next((k for k in pool.lru_order() if k.ns != SHARED_NS), None)
                 if victim is None:
                     logger.warning("no room for %d tokens of fact KV", num_tokens)
                     return None
-                logger.warning("KV pool fragmented; dropping %s to make room", victim)
+                logger.warning("KV pool full; dropping %s to make room", victim)
                 self._drop(victim)
 
     # -- helpers -----------------------------------------------------------------------

@@ -10,17 +10,22 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+import numpy as np
+
 K = TypeVar("K")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class PoolEntry:
-    """Where one fact's KV lives: slab rows ``offset .. offset + num_tokens``."""
+    """Where one fact's KV lives: its slab rows, one per token in order."""
 
-    offset: int  # first slab row
-    num_tokens: int
+    rows: np.ndarray  # int64 slab rows
     start: int  # prompt position of the first token when it was captured
     nbytes: int  # K and V of all layers
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.rows)
 
 
 class KVPool(Generic[K]):

@@ -4,13 +4,16 @@ One tensor ``[capacity, layers, 2, heads, head_dim]`` (token rows first; K then 
 all facts, so the loads of a whole engine step are one gather of the rows they need,
 whatever the number of requests, facts and layers. A gather reads only those rows: its
 cost does not grow with the number of facts stored. Token rows are handed out first-fit
-from a free list; the slab doubles when it is full.
+from a free list; the slab doubles when it is full. At its maximum, a fact's rows may come
+from several free runs, so a slab never refuses rows it has free (facts of varying length
+would otherwise fragment a full slab).
 """
 
 from __future__ import annotations
 
 import bisect
 
+import numpy as np
 import torch
 
 
@@ -58,6 +61,52 @@ class KVSlab:
         self._grow(num_tokens)
         return self.allocate(num_tokens)
 
+    def allocate_rows(self, num_tokens: int) -> np.ndarray:
+        """Reserve ``num_tokens`` rows; returns them (int64, in token order).
+
+        Consecutive when a free run is long enough (growing the slab for that while it
+        may); else taken from several free runs, lowest first.
+
+        Raises:
+            SlabFullError: Fewer than ``num_tokens`` rows are free and the slab may not grow.
+        """
+        try:
+            first = self.allocate(num_tokens)
+            return np.arange(first, first + num_tokens, dtype=np.int64)
+        except SlabFullError:
+            if self.free_rows < num_tokens:
+                raise
+        runs, need = [], num_tokens
+        while need:
+            offset, length = self._free[0]
+            take = min(length, need)
+            runs.append(np.arange(offset, offset + take, dtype=np.int64))
+            if take == length:
+                self._free.pop(0)
+            else:
+                self._free[0] = (offset + take, length - take)
+            need -= take
+        return np.concatenate(runs)
+
+    def release(self, rows: np.ndarray) -> None:
+        """Give back rows of :meth:`allocate_rows` (run by run)."""
+        if len(rows) == 0:
+            return
+        breaks = np.flatnonzero(np.diff(rows) != 1) + 1
+        for run in np.split(rows, breaks):
+            self.free(int(run[0]), len(run))
+
+    def copy_rows(self, rows: np.ndarray, source: KVSlab, source_rows: np.ndarray,
+                  non_blocking: bool = False) -> None:
+        """Copy ``source``'s ``source_rows`` into this slab's ``rows`` (across devices)."""
+        if _consecutive(rows) and _consecutive(source_rows):
+            first, other, n = int(rows[0]), int(source_rows[0]), len(rows)
+            self.data[first:first + n].copy_(source.data[other:other + n],
+                                             non_blocking=non_blocking)
+            return
+        picked = source.data[torch.from_numpy(source_rows).to(source.data.device)]
+        self.data[torch.from_numpy(rows).to(self.data.device)] = picked.to(self.data.device)
+
     def free(self, offset: int, num_tokens: int) -> None:
         """Give rows back (merged with the free ranges next to them)."""
         i = bisect.bisect(self._free, (offset, num_tokens))
@@ -98,3 +147,7 @@ class KVSlab:
         grown[:old] = self.data
         self.data = grown
         self.free(old, new - old)
+
+
+def _consecutive(rows: np.ndarray) -> bool:
+    return len(rows) == 0 or int(rows[-1]) - int(rows[0]) + 1 == len(rows)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -14,7 +15,8 @@ LAYERS, HEADS, HEAD = 3, 2, 8
 def entry(tokens: int, start: int = 0, dtype: torch.dtype = torch.bfloat16,
           fill: float = 1.0) -> PoolEntry:
     itemsize = torch.empty((), dtype=dtype).element_size()
-    return PoolEntry(int(fill), tokens, start, 2 * LAYERS * tokens * HEADS * HEAD * itemsize)
+    rows = np.arange(int(fill), int(fill) + tokens, dtype=np.int64)
+    return PoolEntry(rows, start, 2 * LAYERS * tokens * HEADS * HEAD * itemsize)
 
 
 def order(pool: KVPool[FactKey]) -> list[FactKey]:

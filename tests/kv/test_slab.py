@@ -92,3 +92,66 @@ def test_slab_grows_up_to_its_maximum_then_refuses() -> None:
     slab.free(first, 8)
     assert slab.allocate(8) == first  # freed rows serve again
     assert KVSlab(1, 1, 4, torch.float32, "cpu", capacity=4096, max_capacity=50).capacity == 50
+
+
+def test_rows_come_from_several_free_runs_when_none_is_long_enough() -> None:
+    import numpy as np
+
+    slab = KVSlab(1, 1, 2, torch.float32, "cpu", capacity=12, max_capacity=12)
+    a, b, c = (slab.allocate_rows(4) for _ in range(3))
+    slab.release(a)
+    slab.release(c)  # 8 rows free, in two runs of 4
+    rows = slab.allocate_rows(6)
+    assert sorted(rows.tolist()) == [0, 1, 2, 3, 8, 9]
+    kv = torch.randn(2, 1, 6, 1, 2)
+    slab.write_rows(torch.from_numpy(rows), kv[0], kv[1])
+    keys, values = slab.gather(torch.from_numpy(rows))
+    assert torch.equal(keys, kv[0]) and torch.equal(values, kv[1])
+    assert slab.free_rows == 2
+    slab.release(rows)
+    slab.release(b)
+    assert slab._free == [(0, 12)]
+    assert np.array_equal(slab.allocate_rows(12), np.arange(12))
+
+
+def test_a_pool_filled_to_its_budget_under_churn_never_runs_out_of_rows() -> None:
+    # The scheduler keeps the facts within the budget in rows; with first-fit runs only,
+    # facts of varying length fragment a full slab and a capture or promotion found no
+    # run long enough (the soak with a small pool dropped facts for it). With rows from
+    # several runs, a slab at its budget always has the rows the budget promises.
+    from collections import OrderedDict
+
+    from inferscale_memory.kv.slab import SlabFullError
+
+    for capacity in (70, 2003):
+        rng = random.Random(capacity)
+        slab = KVSlab(1, 1, 1, torch.float32, "cpu", capacity=capacity, max_capacity=capacity)
+        contiguous = KVSlab(1, 1, 1, torch.float32, "cpu", capacity=capacity,
+                            max_capacity=capacity)
+        held: OrderedDict[int, tuple[object, object]] = OrderedDict()
+        used, contiguous_failures = 0, 0
+        for i in range(3000):
+            if rng.random() < 0.15 and held:  # a delete
+                rows, first = held.pop(rng.choice(list(held)))
+            else:
+                n = rng.randint(10, 30)
+                while used + n > capacity:  # the scheduler's LRU eviction
+                    _, (old_rows, old_first) = held.popitem(last=False)
+                    slab.release(old_rows)
+                    if old_first is not None:
+                        contiguous.free(*old_first)
+                    used -= len(old_rows)
+                rows = slab.allocate_rows(n)  # never SlabFullError here
+                try:
+                    first = (contiguous.allocate(n), n)
+                except SlabFullError:
+                    first, contiguous_failures = None, contiguous_failures + 1
+                held[i] = (rows, first)
+                used += n
+                continue
+            slab.release(rows)
+            if first is not None:
+                contiguous.free(*first)
+            used -= len(rows)
+        assert slab.free_rows == capacity - used
+        assert contiguous_failures > 0  # what first-fit runs alone would have dropped
