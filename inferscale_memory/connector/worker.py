@@ -249,6 +249,8 @@ class WorkerSide:
             logger.warning("capture of %d spans incomplete; not stored", len(spans))
             return
         assert self._slab is not None
+        for _, span in spans:  # the old KV of a recaptured fact: its rows are free already
+            self._drop(span.key)  # in the scheduler side's count
         allocated = [self._allocate(span.end - span.start) for _, span in spans]
         kv = torch.stack(capture.kv, dim=1)  # [2, layers, n, heads, head_dim]
         kept = [i for i, rows in enumerate(allocated) if rows is not None]
@@ -265,7 +267,7 @@ class WorkerSide:
         rows = torch.from_numpy(np.concatenate(stored))
         self._slab.write_rows(rows.to(kv.device), kv[0], kv[1])
         for span_rows, (_, span) in zip(stored, spans, strict=True):
-            self._drop(span.key)  # the old KV of a recaptured fact
+            self._drop(span.key)  # a key captured twice in this step keeps the last copy
             self.pool.put(span.key, PoolEntry(span_rows, span.start,
                                               len(span_rows) * self._slab.bytes_per_token))
 

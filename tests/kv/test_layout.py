@@ -176,6 +176,7 @@ def cpu_backend_writer(cache: torch.Tensor, isa: str) -> Writer:
     impl = object.__new__(CPUAttentionBackendImpl)
     impl.attn_type = AttentionType.DECODER
     impl.kv_cache_dtype = "auto"
+    impl.isa = isa  # vLLM 0.26 reads the ISA from the impl, 0.32 from the layer
     layer = SimpleNamespace(impl=impl, isa=isa, _k_scale_float=1.0, _v_scale_float=1.0)
     return compat.cache_writer(layer, cache)
 

@@ -1,0 +1,61 @@
+"""The worker side's pool bookkeeping on a real slab (no engine: the step's captured K/V
+are given as the attention layers would have left them)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+
+from inferscale_memory.connector.params import FactKey, Span
+from inferscale_memory.connector.plan import CaptureOp, StepPlan
+from inferscale_memory.connector.worker import WorkerSide, _Capture
+from inferscale_memory.kv.slab import KVSlab
+
+LAYERS, HEADS, DIM = 2, 1, 4
+A, B = FactKey("alice", "a"), FactKey("alice", "b")
+
+
+def worker(rows: int) -> WorkerSide:
+    side = WorkerSide(SimpleNamespace(cache_config=SimpleNamespace(block_size=16)))
+    side._slab = KVSlab(LAYERS, HEADS, DIM, torch.float32, "cpu", capacity=rows,
+                        max_capacity=rows)
+    return side
+
+
+def capture(side: WorkerSide, key: FactKey, tokens: int, fill: float) -> None:
+    """One step that captured ``tokens`` tokens of ``key`` (positions 0..tokens)."""
+    kv = torch.full((2, tokens, HEADS, DIM), fill)
+    side._capture = _Capture(torch.arange(tokens), [kv] * LAYERS)
+    side.finish_save(StepPlan(captures=[CaptureOp("r", [0], [Span(key, 0, tokens)])]))
+
+
+def test_a_recapture_at_a_full_budget_replaces_its_own_rows() -> None:
+    # The scheduler side counts a recaptured fact's old rows as free once it emits the
+    # capture; the worker must give them back before taking new ones. It took the new rows
+    # first, found the slab full and dropped the least recently used fact instead (a fact
+    # the scheduler still listed: its next load failed). Seen in the soak with a small pool.
+    side = worker(30)
+    capture(side, B, 20, 1.0)
+    capture(side, A, 10, 2.0)  # the slab is full; B is the least recently used
+    capture(side, A, 10, 3.0)  # A updated
+    assert B in side.pool and A in side.pool
+    entry = side.pool.get(A)
+    assert entry is not None
+    keys, _ = side._slab.gather(torch.from_numpy(entry.rows))
+    assert torch.all(keys == 3.0)
+    assert side._slab.free_rows == 0
+
+
+def test_a_key_captured_twice_in_one_step_keeps_one_copy() -> None:
+    side = worker(30)
+    kv = torch.cat([torch.full((2, 5, HEADS, DIM), 1.0), torch.full((2, 5, HEADS, DIM), 2.0)],
+                   dim=1)
+    side._capture = _Capture(torch.arange(10), [kv] * LAYERS)
+    side.finish_save(StepPlan(captures=[CaptureOp("r1", [0], [Span(A, 0, 5)]),
+                                        CaptureOp("r2", [1], [Span(A, 0, 5)])]))
+    entry = side.pool.get(A)
+    assert entry is not None and len(side.pool) == 1
+    keys, _ = side._slab.gather(torch.from_numpy(entry.rows))
+    assert torch.all(keys == 2.0)
+    assert side._slab.free_rows == 30 - 5  # the first copy's rows were given back
