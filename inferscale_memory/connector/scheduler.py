@@ -125,6 +125,7 @@ class SchedulerSide:
         self.promotions = 0
         self._reserved = 0  # tokens of captures emitted to the workers, not yet registered
         self._pinned: set[FactKey] = set()  # facts loaded in the step being planned
+        self._held = 0  # tokens of facts deleted in this step that a load of it reads
         self._moves: dict[str, _Moves] = {}  # by request
         self.block_size = block_size
         # Per request: (key, tokens, cache blocks) of every piece sent to the workers.
@@ -182,6 +183,8 @@ class SchedulerSide:
         if params.capture:
             self._track_capture(request, params, block_ids)
         for key in params.evict:
+            if key in self._pinned and key in self.registry:
+                self._held += self.registry[key].length  # freed after the loads
             self._forget(key)
             self._capturer.pop(key, None)
             self._next.evicts.append(key)
@@ -208,6 +211,7 @@ class SchedulerSide:
             end = cached_reqs.num_computed_tokens[i] + num_scheduled.get(req_id, 0)
             self._emit_captures(req_id, track, end, plan)
         self._pinned.clear()
+        self._held = 0
         return plan
 
     def load_failed(self, block_ids: set[int]) -> None:
@@ -300,7 +304,8 @@ class SchedulerSide:
             return True
         victims = (key for key in list(self.registry)
                    if key.ns != SHARED_NS and key not in self._pinned)
-        while self.registered_tokens + self._reserved + tokens > self.budget_tokens:
+        while (self.registered_tokens + self._reserved + self._held + tokens
+               > self.budget_tokens):
             key = next(victims, None)
             if key is None:
                 return False

@@ -108,6 +108,12 @@ class WorkerSide:
         """Apply the step's pool moves, write every load into the paged cache, then apply
         evictions."""
         started = time.perf_counter() if self._timing is not None else 0.0
+        # Deleted facts no load of this step reads give their rows back first: the
+        # scheduler side already counts them free, possibly for this step's moves.
+        loaded = {piece[0] for op in plan.loads for piece in op.pieces}
+        for key in plan.evicts:
+            if key not in loaded:
+                self._drop(key)
         for move, key in plan.moves:
             if move == DEMOTE:
                 self._demote(key)
@@ -131,7 +137,8 @@ class WorkerSide:
             if self._timing is not None:
                 self._log_load(started, plan, batch.shape[1])
         for key in plan.evicts:
-            self._drop(key)
+            if key in loaded:
+                self._drop(key)
 
     def _log_load(self, started: float, plan: StepPlan, tokens: int) -> None:
         """One line of the load-time log (the device is synchronised first)."""

@@ -792,3 +792,23 @@ def test_a_failed_header_load_keeps_the_header() -> None:
     schedule(side, req, [7, 8])
     side.load_failed({7})  # the header and the start of A
     assert HEADER in side.registry and A not in side.registry
+
+
+def test_a_deleted_fact_loaded_in_the_step_keeps_its_rows_until_the_step_ends() -> None:
+    # The workers drop a fact deleted in a step after that step's loads if a load reads
+    # it, but run the step's moves before the loads: its rows are not free for them.
+    side = SchedulerSide(budget_tokens=25, host_budget_tokens=30)
+    _capture_b_over_a(side)  # device: HEADER 8 + B 10; host: A 12
+    reader = inject_request("r1", ((HEADER, HEADER_IDS), (B, B_IDS)))
+    side.after_alloc(reader, [1, 2], side.num_matched_tokens(reader, 0))
+    delete = request("d", QUESTION, RequestParams("alice", LAYOUT, evict=(B,)))
+    side.after_alloc(delete, [3], side.num_matched_tokens(delete, 0))
+    wants_a = inject_request("r2", ((HEADER, HEADER_IDS), (A, A_IDS)))
+    side.after_alloc(wants_a, [4, 5], side.num_matched_tokens(wants_a, 0))
+    plan = side.build_plan([], CachedRequestData.make_empty(), {})
+    assert (PROMOTE, A) not in plan.moves  # 8 + 10 (B, until its load) + 12 > 25
+    assert A in side.host and plan.evicts == [B]
+    # The next step has B's rows.
+    again = inject_request("r3", ((HEADER, HEADER_IDS), (A, A_IDS)))
+    _, plan = schedule(side, again, [6, 7])
+    assert plan.moves == [(PROMOTE, A)]

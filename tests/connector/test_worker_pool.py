@@ -59,3 +59,23 @@ def test_a_key_captured_twice_in_one_step_keeps_one_copy() -> None:
     keys, _ = side._slab.gather(torch.from_numpy(entry.rows))
     assert torch.all(keys == 2.0)
     assert side._slab.free_rows == 30 - 5  # the first copy's rows were given back
+
+
+def test_deleted_facts_give_their_rows_back_before_the_steps_moves() -> None:
+    # The scheduler side counts a deleted fact's rows as free at once and may hand them
+    # to a demotion or promotion of the same step, which the worker runs before the
+    # step's loads; deleted facts that no load of the step reads must go first. They went
+    # after the loads: the host tier was full and dropped another fact.
+    from inferscale_memory.connector.plan import DEMOTE
+
+    side = worker(30)
+    side._host = KVSlab(LAYERS, HEADS, DIM, torch.float32, "cpu", capacity=20,
+                        max_capacity=20)
+    capture(side, A, 10, 1.0)
+    capture(side, B, 10, 2.0)
+    side._demote(B)  # the host tier: B (10 of 20 rows)
+    c = FactKey("alice", "c")
+    capture(side, c, 10, 3.0)
+    side._demote(A)  # the host tier is full: B (least recently used), A
+    side.start_load(StepPlan(evicts=[A], moves=[(DEMOTE, c)]))  # A deleted, c demoted
+    assert A not in side.host_pool and B in side.host_pool and c in side.host_pool
