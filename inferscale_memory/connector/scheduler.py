@@ -348,6 +348,14 @@ class SchedulerSide:
             logger.warning("no room to promote fact %s to the device", key)
             self.host[key] = entry
             self.host_tokens += entry.length
+            # The facts demoted meanwhile may have filled the host tier: it drops its
+            # least recently used ones (``key`` is the most recent).
+            while self.host_tokens > (self.host_budget_tokens or 0) and len(self.host) > 1:
+                old, dropped = self.host.popitem(last=False)
+                self.host_tokens -= dropped.length
+                self._next.moves.append((EVICT, old))
+                self._moves.setdefault(req_id, _Moves()).evicted.append(old)
+                self.evictions += 1
             return
         self.registry[key] = entry
         self.registered_tokens += entry.length

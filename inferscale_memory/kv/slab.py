@@ -74,6 +74,8 @@ class KVSlab:
             first = self.allocate(num_tokens)
             return np.arange(first, first + num_tokens, dtype=np.int64)
         except SlabFullError:
+            if self.max_capacity is not None and self.capacity < self.max_capacity:
+                self._grow(self.max_capacity - self.capacity)
             if self.free_rows < num_tokens:
                 raise
         runs, need = [], num_tokens

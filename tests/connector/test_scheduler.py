@@ -812,3 +812,16 @@ def test_a_deleted_fact_loaded_in_the_step_keeps_its_rows_until_the_step_ends() 
     again = inject_request("r3", ((HEADER, HEADER_IDS), (A, A_IDS)))
     _, plan = schedule(side, again, [6, 7])
     assert plan.moves == [(PROMOTE, A)]
+
+
+def test_a_promotion_that_finds_no_room_keeps_the_host_tier_within_its_budget() -> None:
+    side = SchedulerSide(budget_tokens=25, host_budget_tokens=len(A_IDS))
+    _capture_b_over_a(side)  # device: HEADER 8 + B 10; host: A 12 (full)
+    capture_all(side, "cap3", ((HEADER, HEADER_IDS), (C, C_IDS)))  # device: + C 5
+    req = inject_request("r", ((HEADER, HEADER_IDS), (B, B_IDS), (A, A_IDS)))
+    _, plan = schedule(side, req, [1, 2, 3])
+    # C went to the host to make room for A, which still did not fit beside B (loaded in
+    # this step too): A stays on the host, and the host drops C again to stay in budget.
+    assert (PROMOTE, A) not in plan.moves
+    assert A in side.host and side.host_tokens <= len(A_IDS)
+    assert plan.moves == [(DEMOTE, C), (EVICT, C)]

@@ -155,3 +155,12 @@ def test_a_pool_filled_to_its_budget_under_churn_never_runs_out_of_rows() -> Non
             used -= len(rows)
         assert slab.free_rows == capacity - used
         assert contiguous_failures > 0  # what first-fit runs alone would have dropped
+
+
+def test_rows_of_a_slab_below_its_maximum_come_from_growth_and_free_runs() -> None:
+    slab = KVSlab(1, 1, 2, torch.float32, "cpu", capacity=8, max_capacity=12)
+    a, b = slab.allocate_rows(4), slab.allocate_rows(4)
+    slab.release(a)  # 4 free rows; 4 more before the maximum
+    rows = slab.allocate_rows(6)  # no run of 6, even after growing: both together
+    assert slab.capacity == 12 and len(set(rows.tolist())) == 6
+    assert set(rows.tolist()).isdisjoint(b.tolist())
