@@ -108,10 +108,12 @@ class WorkerSide:
         """Apply the step's pool moves, write every load into the paged cache, then apply
         evictions."""
         started = time.perf_counter() if self._timing is not None else 0.0
-        # Deleted facts no load of this step reads give their rows back first: the
-        # scheduler side already counts them free, possibly for this step's moves.
+        # Deleted facts and the old KV of recaptured ones give their rows back first if
+        # no load of this step reads them: the scheduler side already counts them free,
+        # possibly for this step's moves.
         loaded = {piece[0] for op in plan.loads for piece in op.pieces}
-        for key in plan.evicts:
+        recaptured = [span.key for op in plan.captures for span in op.spans]
+        for key in [*plan.evicts, *recaptured]:
             if key not in loaded:
                 self._drop(key)
         for move, key in plan.moves:

@@ -79,3 +79,22 @@ def test_deleted_facts_give_their_rows_back_before_the_steps_moves() -> None:
     side._demote(A)  # the host tier is full: B (least recently used), A
     side.start_load(StepPlan(evicts=[A], moves=[(DEMOTE, c)]))  # A deleted, c demoted
     assert A not in side.host_pool and B in side.host_pool and c in side.host_pool
+
+
+def test_a_recaptured_facts_host_copy_is_given_back_before_the_steps_moves() -> None:
+    # The scheduler side forgets a fact's old KV (both tiers) when it emits its
+    # recapture, and may give the rows to a demotion of the same step.
+    from inferscale_memory.connector.plan import DEMOTE
+
+    side = worker(30)
+    side._host = KVSlab(LAYERS, HEADS, DIM, torch.float32, "cpu", capacity=20,
+                        max_capacity=20)
+    capture(side, A, 10, 1.0)
+    capture(side, B, 10, 2.0)
+    side._demote(B)
+    side._demote(A)  # the host tier is full: B (least recently used), A
+    c = FactKey("alice", "c")
+    capture(side, c, 10, 3.0)
+    plan = StepPlan(captures=[CaptureOp("r", [0], [Span(A, 0, 10)])], moves=[(DEMOTE, c)])
+    side.start_load(plan)  # A is being recaptured; c goes to the host
+    assert B in side.host_pool and c in side.host_pool and A not in side.host_pool
