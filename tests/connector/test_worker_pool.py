@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import torch
 
 from inferscale_memory.connector.params import FactKey, Span
-from inferscale_memory.connector.plan import CaptureOp, StepPlan
+from inferscale_memory.connector.plan import DEMOTE, CaptureOp, StepPlan
 from inferscale_memory.connector.worker import WorkerSide, _Capture
 from inferscale_memory.kv.slab import KVSlab
 
@@ -61,40 +61,37 @@ def test_a_key_captured_twice_in_one_step_keeps_one_copy() -> None:
     assert side._slab.free_rows == 30 - 5  # the first copy's rows were given back
 
 
-def test_deleted_facts_give_their_rows_back_before_the_steps_moves() -> None:
-    # The scheduler side counts a deleted fact's rows as free at once and may hand them
-    # to a demotion or promotion of the same step, which the worker runs before the
-    # step's loads; deleted facts that no load of the step reads must go first. They went
-    # after the loads: the host tier was full and dropped another fact.
-    from inferscale_memory.connector.plan import DEMOTE
-
-    side = worker(30)
-    side._host = KVSlab(LAYERS, HEADS, DIM, torch.float32, "cpu", capacity=20,
-                        max_capacity=20)
-    capture(side, A, 10, 1.0)
-    capture(side, B, 10, 2.0)
-    side._demote(B)  # the host tier: B (10 of 20 rows)
-    c = FactKey("alice", "c")
-    capture(side, c, 10, 3.0)
-    side._demote(A)  # the host tier is full: B (least recently used), A
-    side.start_load(StepPlan(evicts=[A], moves=[(DEMOTE, c)]))  # A deleted, c demoted
-    assert A not in side.host_pool and B in side.host_pool and c in side.host_pool
+C = FactKey("alice", "c")
 
 
-def test_a_recaptured_facts_host_copy_is_given_back_before_the_steps_moves() -> None:
-    # The scheduler side forgets a fact's old KV (both tiers) when it emits its
-    # recapture, and may give the rows to a demotion of the same step.
-    from inferscale_memory.connector.plan import DEMOTE
-
+def full_host_tier() -> WorkerSide:
+    """A worker whose host tier is full with B (least recently used) and A; C, on the
+    device, is about to be demoted."""
     side = worker(30)
     side._host = KVSlab(LAYERS, HEADS, DIM, torch.float32, "cpu", capacity=20,
                         max_capacity=20)
     capture(side, A, 10, 1.0)
     capture(side, B, 10, 2.0)
     side._demote(B)
-    side._demote(A)  # the host tier is full: B (least recently used), A
-    c = FactKey("alice", "c")
-    capture(side, c, 10, 3.0)
-    plan = StepPlan(captures=[CaptureOp("r", [0], [Span(A, 0, 10)])], moves=[(DEMOTE, c)])
-    side.start_load(plan)  # A is being recaptured; c goes to the host
-    assert B in side.host_pool and c in side.host_pool and A not in side.host_pool
+    side._demote(A)
+    capture(side, C, 10, 3.0)
+    return side
+
+
+def test_deleted_facts_give_their_rows_back_before_the_steps_moves() -> None:
+    # The scheduler side counts a deleted fact's rows as free at once and may hand them
+    # to a demotion or promotion of the same step, which the worker runs before the
+    # step's loads; deleted facts that no load of the step reads must go first. They went
+    # after the loads: the host tier was full and dropped another fact.
+    side = full_host_tier()
+    side.start_load(StepPlan(evicts=[A], moves=[(DEMOTE, C)]))  # A deleted, C demoted
+    assert A not in side.host_pool and B in side.host_pool and C in side.host_pool
+
+
+def test_a_recaptured_facts_host_copy_is_given_back_before_the_steps_moves() -> None:
+    # The scheduler side forgets a fact's old KV (both tiers) when it emits its
+    # recapture, and may give the rows to a demotion of the same step.
+    side = full_host_tier()
+    plan = StepPlan(captures=[CaptureOp("r", [0], [Span(A, 0, 10)])], moves=[(DEMOTE, C)])
+    side.start_load(plan)  # A is being recaptured; C goes to the host
+    assert B in side.host_pool and C in side.host_pool and A not in side.host_pool
