@@ -7,6 +7,13 @@ from dataclasses import dataclass, field
 from inferscale_memory.connector.params import FactKey, Span
 
 
+def blocks_of(block_ids: list[int], block_size: int, position: int, length: int) -> list[int]:
+    """The blocks of ``block_ids`` (in position order) that hold ``length`` tokens from
+    prompt ``position``."""
+    first, last = position // block_size, (position + length - 1) // block_size
+    return block_ids[first:last + 1]
+
+
 @dataclass
 class LoadOp:
     """Write pool KV into one request's blocks before the forward pass."""

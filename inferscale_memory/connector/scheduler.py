@@ -33,6 +33,7 @@ from inferscale_memory.connector.plan import (
     CaptureOp,
     LoadOp,
     StepPlan,
+    blocks_of,
 )
 
 logger = logging.getLogger(__name__)
@@ -164,22 +165,21 @@ class SchedulerSide:
             plan = self._plans.pop(req_id, None) or self._plan_injection(request, params)
             report.missing = [[s.key.ns, s.key.name] for s in plan.missing]
             report.injected_tokens = num_external
-            load_start = plan.claim_end - num_external
-            loaded = [span.key for span in plan.usable if span.end > load_start]
             if num_external > 0:
+                op = self._load_op(req_id, block_ids, plan, num_external)
+                loaded = [key for key, *_ in op.pieces]
                 self._pinned.update(loaded)
                 for key in loaded:
                     if key in self.host:
                         self._promote(req_id, key)
+                self._next.loads.append(op)
+                self._loaded[req_id] = [
+                    (key, length, frozenset(
+                        blocks_of(op.block_ids, self.block_size, position, length)))
+                    for key, _, length, position in op.pieces]
             for span in plan.usable:
                 if span.key in self.registry:
                     self.registry.move_to_end(span.key)  # recently used
-            if num_external > 0:
-                op = self._load_op(req_id, block_ids, plan, num_external)
-                self._next.loads.append(op)
-                self._loaded[req_id] = [
-                    (key, length, frozenset(self._blocks(op.block_ids, position, length)))
-                    for key, _, length, position in op.pieces]
         if params.capture:
             self._track_capture(request, params, block_ids)
         for key in params.evict:
@@ -327,16 +327,20 @@ class SchedulerSide:
         if budget is None or entry.length > budget:
             return False
         while self.host_tokens + entry.length > budget:
-            old, dropped = self.host.popitem(last=False)
-            self.host_tokens -= dropped.length
-            plan.moves.append((EVICT, old))
-            self._moves.setdefault(req_id, _Moves()).evicted.append(old)
-            self.evictions += 1
+            self._evict_host_lru(req_id, plan)
         self.host[key] = entry
         self.host_tokens += entry.length
         plan.moves.append((DEMOTE, key))
         self.demotions += 1
         return True
+
+    def _evict_host_lru(self, req_id: str, plan: StepPlan) -> None:
+        """Drop the host tier's least recently used fact on every worker."""
+        old, dropped = self.host.popitem(last=False)
+        self.host_tokens -= dropped.length
+        plan.moves.append((EVICT, old))
+        self._moves.setdefault(req_id, _Moves()).evicted.append(old)
+        self.evictions += 1
 
     def _promote(self, req_id: str, key: FactKey) -> None:
         """Bring a demoted fact back to the device for a load in this step. If no room
@@ -351,11 +355,7 @@ class SchedulerSide:
             # The facts demoted meanwhile may have filled the host tier: it drops its
             # least recently used ones (``key`` is the most recent).
             while self.host_tokens > (self.host_budget_tokens or 0) and len(self.host) > 1:
-                old, dropped = self.host.popitem(last=False)
-                self.host_tokens -= dropped.length
-                self._next.moves.append((EVICT, old))
-                self._moves.setdefault(req_id, _Moves()).evicted.append(old)
-                self.evictions += 1
+                self._evict_host_lru(req_id, self._next)
             return
         self.registry[key] = entry
         self.registered_tokens += entry.length
@@ -401,10 +401,6 @@ class SchedulerSide:
         missing = params.inject[len(usable):]
         # vLLM must compute at least the last prompt token itself.
         return InjectionPlan(tuple(usable), tuple(missing), min(position, len(prompt) - 1))
-
-    def _blocks(self, block_ids: list[int], position: int, length: int) -> list[int]:
-        first, last = position // self.block_size, (position + length - 1) // self.block_size
-        return block_ids[first:last + 1]
 
     @staticmethod
     def _load_op(req_id: str, block_ids: list[int], plan: InjectionPlan,

@@ -19,7 +19,7 @@ import torch
 
 from inferscale_memory.connector import compat
 from inferscale_memory.connector.params import SHARED_NS, FactKey
-from inferscale_memory.connector.plan import DEMOTE, PROMOTE, LoadOp, StepPlan
+from inferscale_memory.connector.plan import DEMOTE, PROMOTE, LoadOp, StepPlan, blocks_of
 from inferscale_memory.kv import fused
 from inferscale_memory.kv.fused import FusedInjector
 from inferscale_memory.kv.layout import CacheLayout, flat_view, probe_layout
@@ -167,7 +167,8 @@ class WorkerSide:
                 if entry is None or offset + length > entry.num_tokens:
                     # The scheduler believed this fact exists; let vLLM recompute its blocks.
                     logger.warning("fact %s missing from the KV pool; recomputing", key)
-                    self._load_errors.update(self._blocks_of(op.block_ids, position, length))
+                    self._load_errors.update(
+                        blocks_of(op.block_ids, self._block_size, position, length))
                     continue
                 rows.append(entry.rows[offset:offset + length])
                 lengths.append(length)
@@ -308,7 +309,3 @@ class WorkerSide:
         size = self._block_size
         table = torch.tensor(block_ids, dtype=torch.int64)
         return table[positions // size] * size + positions % size
-
-    def _blocks_of(self, block_ids: list[int], position: int, length: int) -> set[int]:
-        first, last = position // self._block_size, (position + length - 1) // self._block_size
-        return set(block_ids[first:last + 1])
