@@ -24,11 +24,9 @@ def _gpus() -> int:
 def test_fact_injected_where_captured_matches_vllms_prefix_cache(tmp_path: Path,
                                                                    tp: int) -> None:
     """With tensor parallelism each rank captures and injects its own KV heads."""
-    from inferscale_memory.bench.synthetic import (
-        SyntheticWorkload,
-        dummy_runtime,
-        write_random_model,
-    )
+    from exactness import block_workload, inject_vs_prefix_cache
+
+    from inferscale_memory.bench.synthetic import dummy_runtime, write_random_model
 
     if _gpus() < tp:
         pytest.skip(f"needs {tp} GPUs")
@@ -40,20 +38,8 @@ def test_fact_injected_where_captured_matches_vllms_prefix_cache(tmp_path: Path,
                             tensor_parallel_size=tp)
     try:
         block = runtime.block_size
-        work = SyntheticWorkload(runtime, vocab=32000, header_len=block, fact_len=block,
-                                 question_len=block - 4)  # stays in the last block
-
-        async def scenario() -> tuple[object, ...]:
-            await work.capture(2)
-            prompt = work.prompt([0])
-            await runtime.reset_prefix_cache()
-            fresh = await work.run(prompt, "text", max_tokens=32, logprobs=5)
-            warm = await work.run(prompt, "text", max_tokens=32, logprobs=5)
-            kv = await work.run(prompt, "kv", max_tokens=32, logprobs=5)
-            moved = await work.run(work.prompt([1, 0]), "kv", max_tokens=4)
-            return fresh, warm, kv, moved
-
-        fresh, warm, kv, moved = runtime.run(asyncio.wait_for(scenario(), 300))
+        fresh, warm, kv, moved = runtime.run(
+            asyncio.wait_for(inject_vs_prefix_cache(block_workload(runtime), max_tokens=32), 300))
         assert warm.num_cached_tokens == 2 * block
         assert kv.report["injected_tokens"] == 2 * block
         assert len(set(warm.logprobs[0].values())) > 1  # the logits say something
@@ -71,12 +57,9 @@ def test_fact_injected_where_captured_matches_vllms_prefix_cache(tmp_path: Path,
 def test_a_fact_demoted_to_host_memory_is_promoted_and_injected_exactly(
         tmp_path: Path) -> None:
     """The host tier on CUDA: pinned rows, copies back before the fused load."""
-    from inferscale_memory.bench.synthetic import (
-        TENANT,
-        SyntheticWorkload,
-        dummy_runtime,
-        write_random_model,
-    )
+    from exactness import block_workload
+
+    from inferscale_memory.bench.synthetic import TENANT, dummy_runtime, write_random_model
 
     block, token_bytes = 16, 4 * 2 * 4 * 128 * 2  # llama-tiny: layers x K,V x heads x dim
     runtime = dummy_runtime(write_random_model(tmp_path / "model", "llama-tiny"),
@@ -86,8 +69,7 @@ def test_a_fact_demoted_to_host_memory_is_promoted_and_injected_exactly(
                             kv_host_pool_gb=16 * block * token_bytes / 2**30)
     try:
         assert runtime.block_size == block
-        work = SyntheticWorkload(runtime, vocab=32000, header_len=block, fact_len=block,
-                                 question_len=block - 4)
+        work = block_workload(runtime)
 
         async def scenario() -> tuple[object, ...]:
             for _ in range(6):  # one at a time: facts 0-3 end up on the host

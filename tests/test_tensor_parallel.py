@@ -37,11 +37,9 @@ def thread_binding(ranks: int) -> str | None:
 def test_fact_injected_where_captured_matches_vllms_prefix_cache_tp2(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         record_property: pytest.RecordProperty) -> None:
-    from inferscale_memory.bench.synthetic import (
-        SyntheticWorkload,
-        dummy_runtime,
-        write_random_model,
-    )
+    from exactness import block_workload, inject_vs_prefix_cache
+
+    from inferscale_memory.bench.synthetic import dummy_runtime, write_random_model
 
     binding = thread_binding(TP)
     if binding is None:
@@ -55,23 +53,11 @@ def test_fact_injected_where_captured_matches_vllms_prefix_cache_tp2(
                             max_model_len=1024, enforce_eager=True, tensor_parallel_size=TP)
     try:
         block = runtime.block_size
-        # Header and fact are whole blocks, so the text path finds them in vLLM's prefix
-        # cache and both paths compute the question in one chunk of >= 64 tokens (vLLM's
-        # CPU kernels are not batch invariant; see tests/test_engine.py).
-        work = SyntheticWorkload(runtime, vocab=32000, header_len=block, fact_len=block,
-                                 question_len=block - 4)
-
-        async def scenario() -> tuple[object, ...]:
-            await work.capture(2)
-            prompt = work.prompt([0])
-            await runtime.reset_prefix_cache()
-            fresh = await work.run(prompt, "text", max_tokens=16, logprobs=5)
-            warm = await work.run(prompt, "text", max_tokens=16, logprobs=5)
-            kv = await work.run(prompt, "kv", max_tokens=16, logprobs=5)
-            moved = await work.run(work.prompt([1, 0]), "kv", max_tokens=4)
-            return fresh, warm, kv, moved
-
-        fresh, warm, kv, moved = runtime.run(asyncio.wait_for(scenario(), 600))
+        # Whole blocks, so that both paths compute the question in one chunk of >= 64
+        # tokens (vLLM's CPU kernels are not batch invariant; see tests/test_engine.py).
+        work = block_workload(runtime)
+        fresh, warm, kv, moved = runtime.run(
+            asyncio.wait_for(inject_vs_prefix_cache(work, max_tokens=16), 600))
         assert warm.num_cached_tokens == 2 * block
         assert kv.report["injected_tokens"] == 2 * block  # header + fact
         assert kv.report["missing"] == []
