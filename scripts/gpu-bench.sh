@@ -1,14 +1,16 @@
 #!/bin/sh
-# The GPU checks and benchmarks of docs/benchmarks/gpu-h200.md, on a CUDA machine where
-# vLLM 0.26 was installed into /tmp/site as ../shared/gpu/README.md describes.
-#   usage: scripts/gpu-bench.sh OUT_FOLDER [tests|bench|tp2]...   (default: all three)
+# The GPU checks and benchmarks of docs/benchmarks/gpu-h200.md, on a CUDA machine with
+# vLLM importable. VLLM_SITE names a folder vLLM was installed into with --target (as
+# ../shared/gpu/README.md does); it is put first on PYTHONPATH.
+#   usage: [VLLM_SITE=DIR] scripts/gpu-bench.sh OUT_FOLDER [tests|bench|tp2]...
+#          (default steps: all three)
 set -e
 out=${1:-runs/gpu}
 shift || true
 steps=${*:-tests bench tp2}
 mkdir -p "$out"
-export PYTHONPATH=/tmp/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 \
-  VLLM_NO_USAGE_STATS=1 VLLM_LOGGING_LEVEL=WARNING
+export PYTHONPATH=${VLLM_SITE:+$VLLM_SITE:}$PWD VLLM_USE_FLASHINFER_SAMPLER=0 \
+  HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 VLLM_LOGGING_LEVEL=WARNING
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 bench() {
   python -m inferscale_memory.cli bench synthetic --shape llama-3.1-8b --k 0,10,20,50,100 \
