@@ -26,6 +26,7 @@ from inferscale_memory.layout import (
     PromptLayout,
     is_unicode,
     prompt_order,
+    tail_size,
     validate_messages,
 )
 from inferscale_memory.memory import EngineMemory
@@ -88,6 +89,8 @@ class MemoryEngine:
                 default ``config.fact_order``.
             recompute_tail: Facts at the end of the memory span that vLLM computes from
                 text instead of injecting (``kv`` mode); default ``config.recompute_tail``.
+            recompute_share: The share of the facts (rounded up) computed that way, if
+                it is more than ``recompute_tail``; default ``config.recompute_share``.
             **options: ``max_tokens``, ``temperature``, ``stop``, ``logprobs``, ``seed``,
                 ``ignore_eos`` (generate exactly ``max_tokens``, for benchmarks).
         """
@@ -119,6 +122,7 @@ class MemoryEngine:
                            user_id: str | None = None, k: int | None = None,
                            mode: str = "kv", facts: Sequence[Fact | ScoredFact] | None = None,
                            fact_order: str | None = None, recompute_tail: int | None = None,
+                           recompute_share: float | None = None,
                            **options: Any) -> AsyncIterator[ChatChunk]:
         """Async streaming answer; see :meth:`chat` for the arguments.
 
@@ -127,7 +131,7 @@ class MemoryEngine:
         """
         start = time.perf_counter()
         conversation, k, max_tokens = self._check_request(messages, k, mode, options)
-        order, tail = self._check_quality(fact_order, recompute_tail)
+        order, tail, share = self._check_quality(fact_order, recompute_tail, recompute_share)
         if facts is None:
             facts = await self._retrieve(conversation[-1]["content"], user_id, k)
         else:
@@ -136,6 +140,7 @@ class MemoryEngine:
         ordered = prompt_order(facts, order)
         layout = self.builder.build(conversation, [(f.fact.id, f.fact.text) for f in ordered])
         self._check_length(layout, max_tokens)
+        tail = tail_size(len(layout.fact_spans), tail, share)
         params = self._inject_params(layout, user_id, tail) if mode == "kv" else None
         async for delta in self.runtime.stream(layout.token_ids, max_tokens=max_tokens,
                                                params=params, salted=True, **options):
@@ -212,15 +217,18 @@ class MemoryEngine:
         options.update(checked)
         return conversation, k, options.pop("max_tokens")
 
-    def _check_quality(self, fact_order: str | None, recompute_tail: int | None
-                       ) -> tuple[str, int]:
+    def _check_quality(self, fact_order: str | None, recompute_tail: int | None,
+                       recompute_share: float | None) -> tuple[str, int, float]:
         order = self.config.fact_order if fact_order is None else fact_order
         tail = self.config.recompute_tail if recompute_tail is None else recompute_tail
+        share = self.config.recompute_share if recompute_share is None else recompute_share
         if order not in FACT_ORDERS:
             raise InvalidInputError(f"fact_order must be one of {FACT_ORDERS}, got {order!r}")
         if isinstance(tail, bool) or not isinstance(tail, int) or tail < 0:
             raise InvalidInputError(f"recompute_tail must be an integer >= 0, got {tail!r}")
-        return order, tail
+        if isinstance(share, bool) or not isinstance(share, int | float) or not 0 <= share <= 1:
+            raise InvalidInputError(f"recompute_share must be a number in [0, 1], got {share!r}")
+        return order, tail, float(share)
 
     async def _retrieve(self, query: str, user_id: str | None, k: int) -> list[ScoredFact]:
         if user_id is None:

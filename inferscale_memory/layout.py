@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -140,6 +141,13 @@ def prompt_order(facts: Sequence[ScoredFact], order: str) -> list[ScoredFact]:
     if order == "time":
         return sorted(facts, key=lambda f: (f.fact.created_at, f.fact.id))
     raise InvalidInputError(f"fact order must be 'rank' or 'time', got {order!r}")
+
+
+def tail_size(facts: int, recompute_tail: int, recompute_share: float) -> int:
+    """How many of a prompt's ``facts`` are computed from text at the end of its memory
+    span: ``recompute_tail`` facts, or the ``recompute_share`` of them (rounded up) if
+    that is more; never more than there are."""
+    return min(facts, max(recompute_tail, math.ceil(recompute_share * facts - 1e-9)))
 
 
 def validate_messages(messages: Any) -> list[dict[str, str]]:

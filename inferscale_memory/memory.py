@@ -132,12 +132,24 @@ class EngineMemory:
         timeline = await self._in_thread(self.store.list, user_id=user_id)
         position = {fact.id: i for i, fact in enumerate(timeline)}
         budget = self._engine.runtime.max_model_len - 1
+        similar = self._engine.config.capture_context_from == "similar"
         contexts = {}
         for fact in facts:
-            end = position.get(fact.id, 0)
-            before = [f.text for f in timeline[max(0, end - count):end]]
+            if similar:
+                before = await self._in_thread(self._similar, user_id, fact, count, position)
+            else:
+                end = position.get(fact.id, 0)
+                before = [f.text for f in timeline[max(0, end - count):end]]
             contexts[fact.id] = self._fit(before, fact.text, budget)
         return contexts
+
+    def _similar(self, user_id: str, fact: Fact, count: int,
+                 position: dict[str, int]) -> list[str]:
+        """The texts of the ``count`` facts of ``user_id`` most similar to ``fact``, in
+        the order they were added (the fact itself excluded)."""
+        found = self.store.search(fact.text, user_id=user_id, k=count + 1)
+        near = [s.fact for s in found if s.fact.id != fact.id][:count]
+        return [f.text for f in sorted(near, key=lambda f: position.get(f.id, 0))]
 
     def _fit(self, context: Sequence[str], text: str, budget: int) -> tuple[str, ...]:
         """Drop the earliest context facts until the capture prompt fits the context."""

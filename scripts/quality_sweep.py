@@ -6,7 +6,8 @@ on one engine. A setting with ``recompute_tail`` or ``capture_context`` reuses t
 path of the baseline (tail 0, context 0) with the same ``fact_order``, which runs first.
 
     python scripts/quality_sweep.py --dataset locomo-dev.json --conversations 0 --limit 20 \\
-        --k 5,10,20 --out runs/quality base=rank,0,0 tail2=rank,2,0 time=time,0,0
+        --k 5,10,20 --out runs/quality base=rank,0,0 tail2=rank,2,0 time=time,0,0 \\
+        share25=rank,0,0,0.25 sim8=rank,0,8,0,similar
 
 Each setting writes its own run folder ``OUT/NAME`` (``bench report`` / ``bench compare``
 work on it); rerunning resumes.
@@ -21,11 +22,24 @@ import tempfile
 from pathlib import Path
 
 
+FIELDS = ("fact_order", "recompute_tail", "capture_context", "recompute_share",
+          "capture_context_from")
+TYPES = (str, int, int, float, str)
+
+
 def parse_setting(text: str) -> tuple[str, dict[str, object]]:
+    """``NAME=order,tail,context[,share[,context_from]]`` -> (NAME, the config fields)."""
     name, _, spec = text.partition("=")
-    order, tail, context = spec.split(",")
-    return name, {"fact_order": order, "recompute_tail": int(tail),
-                  "capture_context": int(context)}
+    parts = spec.split(",")
+    if not 3 <= len(parts) <= len(FIELDS):
+        raise SystemExit(f"bad setting {text!r}: NAME=order,tail,context[,share[,from]]")
+    return name, {f: kind(v) for f, kind, v in zip(FIELDS, TYPES, parts, strict=False)}
+
+
+def is_baseline(levers: dict[str, object]) -> bool:
+    """No lever that changes only the KV path: its text path can serve the others."""
+    return (levers["recompute_tail"] == 0 and levers["capture_context"] == 0
+            and not levers.get("recompute_share"))
 
 
 def main() -> None:
@@ -36,21 +50,33 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=None)
     parser.add_argument("--k", default="5,10,20")
     parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--sequential", type=int, default=3,
+                        help="questions per conversation answered alone (their TTFT is "
+                             "reported)")
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("settings", nargs="+", help="NAME=fact_order,recompute_tail,context")
+    parser.add_argument("settings", nargs="+",
+                        help="NAME=fact_order,recompute_tail,capture_context"
+                             "[,recompute_share[,capture_context_from]]")
     parser.add_argument("--table-only", action="store_true",
                         help="print the table of the runs already in --out, run nothing")
+    parser.add_argument("--pick", type=int, default=None, metavar="N",
+                        help="print the N settings of --out with the smallest worst-k F1 "
+                             "loss (as NAME=spec arguments), run nothing")
     args = parser.parse_args()
     settings = dict(parse_setting(text) for text in args.settings)
     if args.table_only:
         print(table(args.out, list(settings)))
         return
+    if args.pick is not None:
+        specs = {text.partition("=")[0]: text for text in args.settings}
+        print(" ".join(specs[name] for name in best(args.out, list(settings), args.pick)))
+        return
     from inferscale_memory.bench.commands import bench_locomo
     from inferscale_memory.engine import MemoryEngine
 
     # Baselines first: the other settings reuse their text path.
-    order = sorted(settings, key=lambda n: (settings[n]["recompute_tail"] != 0
-                                            or settings[n]["capture_context"] != 0))
+    order = sorted(settings, key=lambda n: not is_baseline(settings[n]))
     baselines: dict[object, Path] = {}
     ks = [int(k) for k in args.k.split(",")]
     conversations = args.conversations.split(",") if args.conversations else None
@@ -60,16 +86,31 @@ def main() -> None:
         for name in order:
             levers = settings[name]
             engine.config = dataclasses.replace(base_config, **levers)
-            is_base = levers["recompute_tail"] == 0 and levers["capture_context"] == 0
-            text_from = None if is_base else baselines.get(levers["fact_order"])
+            base = is_baseline(levers)
+            text_from = None if base else baselines.get(levers["fact_order"])
             run = bench_locomo(engine, args.dataset, ks, limit=args.limit,
                                conversations=conversations, max_tokens=args.max_tokens,
                                out=args.out / name, resume=True, text_from=text_from,
-                               progress=False)
-            if is_base:
+                               progress=False, concurrency=args.concurrency,
+                               sequential=args.sequential)
+            if base:
                 baselines[levers["fact_order"]] = run.path
             print(table(args.out, [name]), flush=True)
     print(table(args.out, order))
+
+
+def best(out: Path, names: list[str], count: int) -> list[str]:
+    """The ``count`` settings (baselines excluded) whose worst KV - text F1 over k is
+    highest, best first."""
+    worst = {}
+    for name in names:
+        path = out / name / "summary.json"
+        rows = json.loads(path.read_text())["by_k"] if path.exists() else []
+        levers = json.loads((out / name / "config.json").read_text())["params"] if rows else {}
+        if rows and not is_baseline({**levers, "recompute_share": levers.get(
+                "recompute_share", 0)}):
+            worst[name] = min(row["f1_diff"] for row in rows)
+    return sorted(worst, key=worst.get, reverse=True)[:count]
 
 
 def table(out: Path, names: list[str]) -> str:

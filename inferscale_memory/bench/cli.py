@@ -14,9 +14,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from inferscale_memory.config import QUALITY_FIELDS
+
 if TYPE_CHECKING:
     from inferscale_memory.bench.run_folder import RunFolder
     from inferscale_memory.engine import MemoryEngine
+
 
 
 def _ints(text: str) -> list[int]:
@@ -57,9 +60,20 @@ def add_bench_parser(commands: Any) -> None:
     locomo.add_argument("--recompute-tail", type=int, default=None, metavar="R",
                         help="compute the last R facts from text on the KV path "
                              "(default: the config's recompute_tail)")
+    locomo.add_argument("--recompute-share", type=float, default=None, metavar="S",
+                        help="compute that share of the facts (rounded up) from text on the "
+                             "KV path, if more than R (default: the config's recompute_share)")
     locomo.add_argument("--capture-context", type=int, default=None, metavar="N",
-                        help="capture each fact after the N facts added before it "
+                        help="capture each fact after N earlier facts "
                              "(default: the config's capture_context)")
+    locomo.add_argument("--capture-context-from", choices=("recent", "similar"), default=None,
+                        help="which earlier facts: the ones added just before, or the most "
+                             "similar ones (default: the config's capture_context_from)")
+    locomo.add_argument("--concurrency", type=int, default=16,
+                        help="requests in flight at once (1: every question alone)")
+    locomo.add_argument("--sequential", type=int, default=3, metavar="Q",
+                        help="questions per conversation answered one request at a time "
+                             "first: the TTFT of the report is theirs (with --concurrency > 1)")
     locomo.add_argument("--text-from", type=Path, default=None, metavar="RUN_DIR",
                         help="reuse the text-path records of a run with the same questions, "
                              "facts and prompt order (the text path does not depend on "
@@ -141,6 +155,10 @@ def _add_synthetic(workloads: Any) -> None:
                            help="vLLM's share of GPU memory (the fact KV pool lives outside)")
     synthetic.add_argument("--out", type=Path, default=None, help="write the report as JSON")
     synthetic.add_argument("--tensor-parallel-size", type=int, default=1)
+    synthetic.add_argument("--recompute-tail", type=int, default=None, metavar="R",
+                           help="facts computed at the end on the KV path (default: config)")
+    synthetic.add_argument("--recompute-share", type=float, default=None, metavar="S",
+                           help="share of the facts computed at the end (default: config)")
     synthetic.add_argument("--connector-timing", action="store_true",
                            help="log the connector's load steps and report their median time")
 
@@ -185,14 +203,15 @@ def run_bench(args: argparse.Namespace) -> int:
         loads = LoadLog(Path(tempfile.mkdtemp()) / "connector-timing.jsonl")
         os.environ[TIMING_ENV] = str(loads.path)  # the engine's processes inherit it
     quality = {name: getattr(args, name, None)
-               for name in ("fact_order", "recompute_tail", "capture_context")}
+               for name in QUALITY_FIELDS}
     with _engine(args.model, **quality) as engine:
         progress = not args.no_progress
         if args.workload == "locomo":
             run = commands.bench_locomo(
                 engine, args.dataset, args.k, limit=args.limit, conversations=args.conversations,
                 seed=args.seed, memory=args.memory, max_tokens=args.max_tokens, out=args.out,
-                resume=args.resume, text_from=args.text_from, progress=progress)
+                resume=args.resume, text_from=args.text_from, progress=progress,
+                concurrency=args.concurrency, sequential=args.sequential)
         elif args.workload == "ttft":
             run = commands.bench_ttft(engine, args.k, trials=args.trials,
                                       fact_words=args.fact_words, seed=args.seed,
@@ -222,7 +241,9 @@ def _synthetic(args: argparse.Namespace) -> int:
                            args.concurrency, args.output_len, args.workdir,
                            connector_timing=args.connector_timing,
                            gpu_memory_utilization=args.gpu_memory_utilization,
-                           tensor_parallel_size=args.tensor_parallel_size)
+                           tensor_parallel_size=args.tensor_parallel_size,
+                           recompute_tail=args.recompute_tail,
+                           recompute_share=args.recompute_share)
     if args.out is not None:
         args.out.write_text(json.dumps(report, indent=2))
     print(format_report(report))

@@ -23,23 +23,26 @@ from inferscale_memory.bench.run_folder import RunFolder
 from inferscale_memory.bench.synthetic import LoadLog
 from inferscale_memory.bench.throughput import run_throughput
 from inferscale_memory.bench.ttft import run_ttft
+from inferscale_memory.config import QUALITY_FIELDS
 from inferscale_memory.engine import MemoryEngine
 from inferscale_memory.errors import InvalidInputError
 
-LOCOMO_FIXED = ("memory", "max_tokens", "model", "fact_order", "recompute_tail",
-                "capture_context")
+LOCOMO_FIXED = ("memory", "max_tokens", "model", *QUALITY_FIELDS)
 
 
 def bench_locomo(engine: MemoryEngine, dataset: str | Path, ks: Sequence[int] = (5, 10, 20, 50),
                  *, limit: int | None = None, conversations: Sequence[str] | None = None,
                  seed: int = 0, memory: str = "observations", max_tokens: int = 32,
                  out: Path | None = None, resume: bool = False,
-                 text_from: Path | None = None, progress: bool = True) -> RunFolder:
+                 text_from: Path | None = None, progress: bool = True,
+                 concurrency: int = 1, sequential: int = 0) -> RunFolder:
     """LoCoMo answer quality and latency on both paths (see :mod:`.locomo`).
 
-    The engine's ``fact_order``, ``recompute_tail`` and ``capture_context`` are recorded
-    with the parameters. ``text_from``: a run folder whose text-path records are reused
-    (same dataset, questions, memory, answer length, model and fact order).
+    The engine's quality policy (``QUALITY_FIELDS``) is recorded with the parameters.
+    ``text_from``: a run folder whose text-path records are reused (same dataset,
+    questions, memory, answer length, model and fact order). ``concurrency`` requests are
+    in flight at once, after the first ``sequential`` questions of each conversation were
+    answered alone (the TTFT the report gives).
     """
     if resume and out is None:
         raise InvalidInputError("--resume needs the run folder to resume (--out RUN_DIR)")
@@ -48,15 +51,15 @@ def bench_locomo(engine: MemoryEngine, dataset: str | Path, ks: Sequence[int] = 
     params = {"dataset": Path(dataset).name, "k": list(ks), "limit": limit,
               "conversations": [c.sample_id for c in chosen], "seed": seed,
               "memory": memory, "max_tokens": max_tokens, "model": engine.model_path.name,
-              "fact_order": engine.config.fact_order,
-              "recompute_tail": engine.config.recompute_tail,
-              "capture_context": engine.config.capture_context}
+              **{name: getattr(engine.config, name) for name in QUALITY_FIELDS}}
     run = RunFolder.create(out, "locomo", params, resume=resume, fixed=LOCOMO_FIXED)
     run.write_config(engine, **({"text_from": str(text_from)} if text_from else {}))
     if text_from is not None:
         reuse_text_rows(RunFolder(text_from), run, params)
+    _check_ks([concurrency], minimum=1, name="concurrency")
+    _check_ks([sequential], minimum=0, name="sequential")
     run_locomo(engine, chosen, ks, run, memory=memory, max_tokens=max_tokens,
-               progress=progress)
+               progress=progress, concurrency=concurrency, sequential=sequential)
     write_report(run)
     return run
 

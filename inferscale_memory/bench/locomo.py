@@ -12,9 +12,11 @@ each record (``judge``); the command line does not offer one yet.
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from tqdm import tqdm
@@ -24,6 +26,7 @@ from inferscale_memory.bench.run_folder import RunFolder
 from inferscale_memory.bench.scoring import agreement, evidence_recall, locomo_f1
 from inferscale_memory.bench.stats import mean, median, paired_difference, percentile
 from inferscale_memory.engine import MODES, MemoryEngine
+from inferscale_memory.results import ChatResult
 from inferscale_memory.store import ScoredFact
 
 Judge = Callable[[str, str, str], float]
@@ -33,9 +36,15 @@ INSTRUCTION = "Answer with a short phrase."
 
 def run_locomo(engine: MemoryEngine, conversations: Sequence[LocomoConversation],
                ks: Sequence[int], run: RunFolder, *, memory: str = "observations",
-               max_tokens: int = 32, judge: Judge | None = None,
-               progress: bool = True) -> dict[str, Any]:
-    """Answer every question at every k on both paths; returns (and writes) the summary."""
+               max_tokens: int = 32, judge: Judge | None = None, progress: bool = True,
+               concurrency: int = 1, sequential: int = 0) -> dict[str, Any]:
+    """Answer every question at every k on both paths; returns (and writes) the summary.
+
+    The first ``sequential`` questions of each conversation are answered one request at a
+    time (their TTFT is the one reported); the others ``concurrency`` requests at a time
+    (their TTFT is recorded but moves with the load). ``concurrency=1`` answers every
+    question alone.
+    """
     done = run.done(KEY)
     engine.reset_prefix_cache()  # an earlier run on this engine left these very prompts
     todo = {conv.sample_id: [(q, k, m) for q in conv.questions for k in ks for m in MODES
@@ -46,7 +55,9 @@ def run_locomo(engine: MemoryEngine, conversations: Sequence[LocomoConversation]
         runner = _Runner(engine, run, bar, memory, max_tokens, judge)
         for conv in conversations:
             if todo[conv.sample_id]:
-                runner.conversation(conv, todo[conv.sample_id])
+                alone = {q.index for q in conv.questions[:sequential]}
+                runner.conversation(conv, todo[conv.sample_id],
+                                    alone if concurrency > 1 else None, concurrency)
     summary = summarize_locomo(run.rows(), ks)
     run.write_summary(summary)
     return summary
@@ -61,8 +72,13 @@ class _Runner:
         self.memory, self.max_tokens, self.judge = memory, max_tokens, judge
 
     def conversation(self, conv: LocomoConversation,
-                     todo: list[tuple[LocomoQuestion, int, str]]) -> None:
-        """Add the facts for a fresh user, answer ``todo``, delete the user's facts."""
+                     todo: list[tuple[LocomoQuestion, int, str]],
+                     alone: set[int] | None = None, concurrency: int = 1) -> None:
+        """Add the facts for a fresh user, answer ``todo``, delete the user's facts.
+
+        ``alone``: indices of the questions answered one request at a time before the
+        others are sent ``concurrency`` at a time (``None``: every one alone).
+        """
         user_id = f"locomo-{conv.sample_id}-{uuid.uuid4().hex[:8]}"
         every = conv.facts(self.memory)
         limit = self.engine.config.max_fact_tokens
@@ -74,38 +90,84 @@ class _Runner:
         context = {"conversation": conv.sample_id, "user_id": user_id, "facts": len(facts),
                    "facts_skipped": len(every) - len(facts)}
         try:
-            for (question, k), modes in _group(todo).items():
-                self.bar.set_postfix_str(f"{conv.sample_id} q{question.index} k={k}")
-                start = time.perf_counter()
-                retrieved = self.engine.memory.search(question.question, user_id=user_id,
-                                                      k=k) if k else []
-                sources = [list(dia_ids[s.fact.id]) for s in retrieved]
-                retrieval = {"k": k, "search_ms": (time.perf_counter() - start) * 1000,
-                             "recall": evidence_recall(question.evidence, sources),
-                             "retrieved_dia_ids": sources}
-                for mode in modes:
-                    row = self._answer(question, retrieved, user_id, mode)
-                    self.run.append({**context, **row, **retrieval})
-                    self.bar.update()
+            jobs = self._jobs(todo, user_id, dia_ids, context)
+            for job in jobs:
+                if alone is None or job.question.index in alone:
+                    self._record(job, self.engine.arun(self._answer(job)), concurrent=False)
+            rest = [job for job in jobs if alone is not None and job.question.index not in alone]
+            if rest:
+                self.engine.arun(self._answer_all(rest, concurrency))
         finally:
             self.engine.memory.delete_all(user_id=user_id)
 
-    def _answer(self, question: LocomoQuestion, facts: list[ScoredFact], user_id: str,
-                mode: str) -> dict[str, Any]:
-        messages = [{"role": "user", "content": f"{question.question} {INSTRUCTION}"}]
-        result = self.engine.answer(messages, facts, user_id=user_id, mode=mode,
-                                    max_tokens=self.max_tokens)
-        answer = result.text.strip()
+    def _jobs(self, todo: list[tuple[LocomoQuestion, int, str]], user_id: str,
+              dia_ids: dict[str, Any], context: dict[str, Any]) -> list[_Job]:
+        """Retrieve once per question (at its largest k; a top-k is a prefix of it) and
+        pair each (question, k, mode) with its facts."""
+        grouped = _group(todo)
+        widest: dict[int, int] = {}
+        for question, k in grouped:
+            widest[question.index] = max(k, widest.get(question.index, 0))
+        found: dict[int, tuple[list[ScoredFact], float]] = {}
+        jobs = []
+        for (question, k), modes in grouped.items():
+            if question.index not in found:
+                self.bar.set_postfix_str(f"{context['conversation']} q{question.index}")
+                start = time.perf_counter()
+                wide = widest[question.index]
+                hits = self.engine.memory.search(question.question, user_id=user_id,
+                                                 k=wide) if wide else []
+                found[question.index] = (hits, (time.perf_counter() - start) * 1000)
+            hits, search_ms = found[question.index]
+            retrieved = hits[:k]
+            sources = [list(dia_ids[s.fact.id]) for s in retrieved]
+            retrieval = {"k": k, "search_ms": search_ms,
+                         "recall": evidence_recall(question.evidence, sources),
+                         "retrieved_dia_ids": sources}
+            jobs += [_Job(question, retrieved, user_id, mode, {**context, **retrieval})
+                     for mode in modes]
+        return jobs
+
+    async def _answer_all(self, jobs: list[_Job], concurrency: int) -> None:
+        gate = asyncio.Semaphore(concurrency)
+
+        async def one(job: _Job) -> None:
+            async with gate:
+                self._record(job, await self._answer(job), concurrent=True)
+
+        await asyncio.gather(*(one(job) for job in jobs))
+
+    async def _answer(self, job: _Job) -> ChatResult:
+        messages = [{"role": "user", "content": f"{job.question.question} {INSTRUCTION}"}]
+        return await self.engine.achat(messages, user_id=job.user_id, mode=job.mode,
+                                       facts=list(job.facts), max_tokens=self.max_tokens)
+
+    def _record(self, job: _Job, result: ChatResult, *, concurrent: bool) -> None:
+        question, answer = job.question, result.text.strip()
         judged = self.judge(question.question, question.answer, answer) if self.judge else None
         m = result.metrics
-        return {"question_index": question.index, "category": question.category,
-                "question": question.question, "gold": question.answer, "mode": mode,
-                "answer": answer, "f1": locomo_f1(answer, question.answer, question.category),
-                "judge": judged, "ttft_ms": m.ttft_ms, "latency_ms": m.latency_ms,
-                "prompt_tokens": m.prompt_tokens, "memory_tokens": m.memory_tokens,
-                "injected_tokens": m.injected_tokens, "cached_tokens": m.cached_tokens,
-                "computed_tokens": m.computed_tokens, "output_tokens": m.output_tokens,
-                "recomputed_facts": len(m.recomputed_fact_ids), "token_ids": result.token_ids}
+        self.run.append({
+            **job.context, "question_index": question.index, "category": question.category,
+            "question": question.question, "gold": question.answer, "mode": job.mode,
+            "answer": answer, "f1": locomo_f1(answer, question.answer, question.category),
+            "judge": judged, "ttft_ms": m.ttft_ms, "latency_ms": m.latency_ms,
+            "concurrent": concurrent,
+            "prompt_tokens": m.prompt_tokens, "memory_tokens": m.memory_tokens,
+            "injected_tokens": m.injected_tokens, "cached_tokens": m.cached_tokens,
+            "computed_tokens": m.computed_tokens, "output_tokens": m.output_tokens,
+            "recomputed_facts": len(m.recomputed_fact_ids), "token_ids": result.token_ids})
+        self.bar.update()
+
+
+@dataclass(frozen=True)
+class _Job:
+    """One request to make: a question on one path with its retrieved facts."""
+
+    question: LocomoQuestion
+    facts: list[ScoredFact]
+    user_id: str
+    mode: str
+    context: dict[str, Any]
 
 
 def _group(todo: list[tuple[LocomoQuestion, int, str]]
@@ -154,13 +216,15 @@ def _pairs(rows: list[dict[str, Any]]) -> list[dict[str, dict[str, Any]]]:
 
 
 def _path_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    ttft = [r["ttft_ms"] for r in rows]
+    alone = [r for r in rows if not r.get("concurrent")]
+    ttft = [r["ttft_ms"] for r in alone or rows]
     judged = [r["judge"] for r in rows if r.get("judge") is not None]
     return {"f1": mean(r["f1"] for r in rows),
             "f1_by_category": {str(c): mean(r["f1"] for r in rows if r["category"] == c)
                                for c in CATEGORIES if any(r["category"] == c for r in rows)},
             "judge": mean(judged) if judged else None,
             "ttft_median_ms": median(ttft), "ttft_p90_ms": percentile(ttft, 90),
+            "ttft_requests": len(ttft), "ttft_under_load": not alone,
             "latency_median_ms": median(r["latency_ms"] for r in rows),
             "memory_tokens": mean(r["memory_tokens"] for r in rows),
             "computed_tokens": mean(r["computed_tokens"] for r in rows),

@@ -20,6 +20,7 @@ from typing import Any
 from inferscale_memory.config import MemoryConfig
 from inferscale_memory.connector.params import FactKey, RequestParams, Span
 from inferscale_memory.connector.worker import TIMING_ENV
+from inferscale_memory.layout import tail_size
 from inferscale_memory.runtime import Completion, VllmRuntime
 
 TENANT = "bench"
@@ -112,8 +113,10 @@ class SyntheticWorkload:
     """Random header, facts and questions of fixed lengths, captured into one runtime."""
 
     def __init__(self, runtime: VllmRuntime, vocab: int, *, header_len: int = 32,
-                 fact_len: int = 32, question_len: int = 16, seed: int = 0) -> None:
+                 fact_len: int = 32, question_len: int = 16, seed: int = 0,
+                 recompute_tail: int = 0, recompute_share: float = 0.0) -> None:
         self.runtime = runtime
+        self.tail = (recompute_tail, recompute_share)
         self._rng = random.Random(seed)
         self._vocab = vocab
         self.header = self._ids(header_len)
@@ -140,10 +143,14 @@ class SyntheticWorkload:
         await self.runtime.control(self.header + self.facts[index], params)
 
     def prompt(self, fact_indices: list[int], question: list[int] | None = None) -> Prompt:
+        """The facts after the header; the KV path injects all but the tail of the
+        quality policy (``tail_size``), which vLLM computes."""
         ids = list(self.header)
         spans = [Span(FactKey("", "header:synthetic"), 0, len(ids))]
-        for i in fact_indices:
-            spans.append(Span(FactKey(TENANT, str(i)), len(ids), len(ids) + self.fact_len))
+        injected = len(fact_indices) - tail_size(len(fact_indices), *self.tail)
+        for n, i in enumerate(fact_indices):
+            if n < injected:
+                spans.append(Span(FactKey(TENANT, str(i)), len(ids), len(ids) + self.fact_len))
             ids.extend(self.facts[i])
         ids.extend(question if question is not None else self._ids(self.question_len))
         return Prompt(ids, RequestParams(TENANT, LAYOUT, inject=tuple(spans)))
@@ -229,12 +236,18 @@ def _stats(values: list[float]) -> tuple[float, float]:
 
 def run_synthetic(shape: str, ks: list[int], trials: int, concurrency: int, output_len: int,
                   workdir: Path, connector_timing: bool = False,
+                  recompute_tail: int | None = None, recompute_share: float | None = None,
                   **config: Any) -> dict[str, Any]:
     """The whole synthetic report: capture rate, TTFT sweep, one-shot throughput.
 
     ``connector_timing`` logs the connector's load steps (synchronising the device after
-    each, which costs a little TTFT) and reports their median time per k.
+    each, which costs a little TTFT) and reports their median time per k. The KV path
+    computes the tail of ``recompute_tail`` / ``recompute_share`` (default: the config's,
+    i.e. the default quality policy).
     """
+    defaults = MemoryConfig.load()
+    tail = (defaults.recompute_tail if recompute_tail is None else recompute_tail,
+            defaults.recompute_share if recompute_share is None else recompute_share)
     loads = None
     if connector_timing:  # the engine's processes inherit the variable
         loads = LoadLog(workdir / "connector-timing.jsonl")
@@ -242,7 +255,8 @@ def run_synthetic(shape: str, ks: list[int], trials: int, concurrency: int, outp
     runtime = dummy_runtime(write_dummy_model(workdir / shape, shape), **config)
     try:
         vocab = int(SHAPES[shape]["vocab_size"])
-        work = SyntheticWorkload(runtime, vocab)
+        work = SyntheticWorkload(runtime, vocab, recompute_tail=tail[0],
+                                 recompute_share=tail[1])
 
         async def report() -> dict[str, Any]:
             await work.capture(8)  # warm-up
@@ -257,6 +271,7 @@ def run_synthetic(shape: str, ks: list[int], trials: int, concurrency: int, outp
             rates = {mode: await throughput(work, concurrency, k, output_len, mode)
                      for mode in ("text", "kv")}
             return {"shape": shape, "capture_facts_per_s": count / seconds, "ttft": rows,
+                    "recompute_tail": tail[0], "recompute_share": tail[1],
                     "throughput": {"concurrency": concurrency, "k": k,
                                    "output_len": output_len, **rates}}
 
@@ -267,7 +282,9 @@ def run_synthetic(shape: str, ks: list[int], trials: int, concurrency: int, outp
 
 
 def format_report(report: dict[str, Any]) -> str:
-    lines = [f"shape {report['shape']}: capture {report['capture_facts_per_s']:.0f} facts/s",
+    lines = [f"shape {report['shape']}: capture {report['capture_facts_per_s']:.0f} facts/s; "
+             f"KV path computes a tail of max({report.get('recompute_tail', 0)}, "
+             f"{report.get('recompute_share', 0.0):g} k) facts",
              "| k | text TTFT median (p90) ms | KV TTFT median (p90) ms | KV / text "
              "| connector load ms |",
              "|---|---|---|---|---|"]

@@ -8,6 +8,7 @@ import itertools
 from pathlib import Path
 from typing import Any
 
+from inferscale_memory.config import MemoryConfig
 from inferscale_memory.results import ChatMetrics, ChatResult
 from inferscale_memory.store import Fact, ScoredFact
 
@@ -78,21 +79,21 @@ class FakeMemory:
         return added
 
     def search(self, query: str, *, user_id: str, k: int) -> list[ScoredFact]:
-        return [ScoredFact(f, 1.0) for f in self.facts[user_id][-k:]]
+        """The newest ``k`` facts, newest (best) first: a top-k is a prefix of a top-(k+1),
+        as with the real index."""
+        return [ScoredFact(f, 1.0) for f in self.facts[user_id][::-1][:k]]
 
     def delete_all(self, *, user_id: str) -> int:
         return len(self.facts.pop(user_id, []))
 
 
 class FakeEngine:
-    """Answers with the last retrieved fact; records every call."""
+    """Answers with the best-ranked retrieved fact; records every call."""
 
     def __init__(self) -> None:
         self.ignore_eos: list[bool] = []
         self.memory = FakeMemory()
-        self.config = type("Config", (), {"max_fact_tokens": 256, "dtype": "bfloat16",
-                                          "fact_order": "rank", "recompute_tail": 0,
-                                          "capture_context": 0})()
+        self.config = MemoryConfig(max_fact_tokens=256, dtype="bfloat16")
         self.builder = type("Builder", (), {"fact_ids": staticmethod(str.split)})()
         self.model_path = Path("fake-model")
         self.runtime = type("Runtime", (), {"max_model_len": 2048})()
@@ -103,7 +104,7 @@ class FakeEngine:
                user_id: str, mode: str, max_tokens: int) -> ChatResult:
         facts = [f if isinstance(f, ScoredFact) else ScoredFact(f, 0.0) for f in facts]
         self.calls.append((messages[-1]["content"], len(facts), mode))
-        text = facts[-1].fact.text if facts else "I do not know"
+        text = facts[0].fact.text if facts else "I do not know"
         metrics = ChatMetrics(mode=mode, ttft_ms=10.0 if mode == "kv" else 30.0,
                               latency_ms=50.0, retrieval_ms=0.0, prompt_tokens=40,
                               memory_tokens=8 * len(facts), injected_tokens=0,
