@@ -89,8 +89,9 @@ class MemoryEngine:
                 default ``config.fact_order``.
             recompute_tail: Facts at the end of the memory span that vLLM computes from
                 text instead of injecting (``kv`` mode); default ``config.recompute_tail``.
-            recompute_share: The share of the facts (rounded up) computed that way, if
-                it is more than ``recompute_tail``; default ``config.recompute_share``.
+            recompute_tokens: The most facts at the end that fit in this many tokens are
+                computed that way, if more than ``recompute_tail``; default
+                ``config.recompute_tokens``.
             **options: ``max_tokens``, ``temperature``, ``stop``, ``logprobs``, ``seed``,
                 ``ignore_eos`` (generate exactly ``max_tokens``, for benchmarks).
         """
@@ -122,7 +123,7 @@ class MemoryEngine:
                            user_id: str | None = None, k: int | None = None,
                            mode: str = "kv", facts: Sequence[Fact | ScoredFact] | None = None,
                            fact_order: str | None = None, recompute_tail: int | None = None,
-                           recompute_share: float | None = None,
+                           recompute_tokens: int | None = None,
                            **options: Any) -> AsyncIterator[ChatChunk]:
         """Async streaming answer; see :meth:`chat` for the arguments.
 
@@ -131,7 +132,7 @@ class MemoryEngine:
         """
         start = time.perf_counter()
         conversation, k, max_tokens = self._check_request(messages, k, mode, options)
-        order, tail, share = self._check_quality(fact_order, recompute_tail, recompute_share)
+        order, tail, budget = self._check_quality(fact_order, recompute_tail, recompute_tokens)
         if facts is None:
             facts = await self._retrieve(conversation[-1]["content"], user_id, k)
         else:
@@ -140,7 +141,7 @@ class MemoryEngine:
         ordered = prompt_order(facts, order)
         layout = self.builder.build(conversation, [(f.fact.id, f.fact.text) for f in ordered])
         self._check_length(layout, max_tokens)
-        tail = tail_size(len(layout.fact_spans), tail, share)
+        tail = tail_size([b - a for _, a, b in layout.fact_spans], tail, budget)
         params = self._inject_params(layout, user_id, tail) if mode == "kv" else None
         async for delta in self.runtime.stream(layout.token_ids, max_tokens=max_tokens,
                                                params=params, salted=True, **options):
@@ -218,17 +219,17 @@ class MemoryEngine:
         return conversation, k, options.pop("max_tokens")
 
     def _check_quality(self, fact_order: str | None, recompute_tail: int | None,
-                       recompute_share: float | None) -> tuple[str, int, float]:
+                       recompute_tokens: int | None) -> tuple[str, int, int]:
         order = self.config.fact_order if fact_order is None else fact_order
         tail = self.config.recompute_tail if recompute_tail is None else recompute_tail
-        share = self.config.recompute_share if recompute_share is None else recompute_share
+        budget = self.config.recompute_tokens if recompute_tokens is None else recompute_tokens
         if order not in FACT_ORDERS:
             raise InvalidInputError(f"fact_order must be one of {FACT_ORDERS}, got {order!r}")
         if isinstance(tail, bool) or not isinstance(tail, int) or tail < 0:
             raise InvalidInputError(f"recompute_tail must be an integer >= 0, got {tail!r}")
-        if isinstance(share, bool) or not isinstance(share, int | float) or not 0 <= share <= 1:
-            raise InvalidInputError(f"recompute_share must be a number in [0, 1], got {share!r}")
-        return order, tail, float(share)
+        if isinstance(budget, bool) or not isinstance(budget, int) or budget < 0:
+            raise InvalidInputError(f"recompute_tokens must be an integer >= 0, got {budget!r}")
+        return order, tail, budget
 
     async def _retrieve(self, query: str, user_id: str | None, k: int) -> list[ScoredFact]:
         if user_id is None:

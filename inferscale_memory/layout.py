@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -143,11 +142,17 @@ def prompt_order(facts: Sequence[ScoredFact], order: str) -> list[ScoredFact]:
     raise InvalidInputError(f"fact order must be 'rank' or 'time', got {order!r}")
 
 
-def tail_size(facts: int, recompute_tail: int, recompute_share: float) -> int:
-    """How many of a prompt's ``facts`` are computed from text at the end of its memory
-    span: ``recompute_tail`` facts, or the ``recompute_share`` of them (rounded up) if
-    that is more; never more than there are."""
-    return min(facts, max(recompute_tail, math.ceil(recompute_share * facts - 1e-9)))
+def tail_size(fact_lengths: Sequence[int], recompute_tail: int, recompute_tokens: int) -> int:
+    """How many of a prompt's facts (their token counts in prompt order) are computed from
+    text at the end of its memory span: the most facts at the end that fit in
+    ``recompute_tokens`` tokens, and at least ``recompute_tail`` (never more than there
+    are)."""
+    fit, used = 0, 0
+    for length in reversed(fact_lengths):
+        if used + length > recompute_tokens:
+            break
+        fit, used = fit + 1, used + length
+    return min(len(fact_lengths), max(recompute_tail, fit))
 
 
 def validate_messages(messages: Any) -> list[dict[str, str]]:

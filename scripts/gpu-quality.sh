@@ -10,11 +10,13 @@
 #   bash scripts/gpu-quality.sh poll [S]     wait up to S seconds (default 240) for the end
 #
 # SETTINGS05 overrides the 0.5B settings (NAME=order,tail,context[,share[,from]]); the 1.5B
-# model runs the baseline, t4 and the two settings with the smallest worst-k loss on the 0.5B.
+# model runs the baseline and the two settings with the smallest worst-k loss on the 0.5B
+# among those whose KV TTFT is at most 0.6x the text path's at every k >= 10.
 set -u
 Q=/tmp/quality
 DATA=.bundle/data/locomo-dev.json
-: "${SETTINGS05:=base=rank,0,0 t4=rank,4,0 t4c16=rank,4,16 c16=rank,0,16 s25c16=rank,4,16,0.25 t4n16=rank,4,16,0,similar t4c32=rank,4,32 s25=rank,4,0,0.25}"
+: "${SETTINGS05:=base=rank,0,0 b192c16=rank,4,16,192 b192c32=rank,4,32,192 t4c32=rank,4,32 b192n16=rank,4,16,192,similar t4n16=rank,4,16,0,similar}"
+: "${SYNTHETIC_ARGS:=--recompute-tail 4 --recompute-tokens 192}"
 
 log() { echo "[$(date +%T) +$(( $(date +%s) - t0 ))s] $*"; }
 wait_file() { local n=0; while [ ! -e "$1" ] && [ $n -lt "$2" ]; do sleep 2; n=$((n + 2)); done; }
@@ -49,7 +51,7 @@ run)
       ks=10,50
       # shellcheck disable=SC2086
       picked=$(python3 scripts/quality_sweep.py --dataset $DATA --out $Q/q0.5b --pick 2 $SETTINGS05)
-      settings="base=rank,0,0 $picked $(echo " $picked " | grep -q ' t4=' || echo t4=rank,4,0)"
+      settings="base=rank,0,0 $picked"
     fi
     log "sweep $size k=$ks: $settings"
     # shellcheck disable=SC2086
@@ -61,7 +63,7 @@ run)
   log "synthetic"
   timeout 300 python3 -m inferscale_memory.cli bench synthetic --shape llama-3.1-8b \
     --k 0,5,10,20,50,100 --trials 10 --concurrency 64 --output-len 32 --workdir $Q/synthetic \
-    --out $Q/synthetic.json ${SYNTHETIC_ARGS:-} > $Q/synthetic.log 2>&1
+    --out $Q/synthetic.json $SYNTHETIC_ARGS > $Q/synthetic.log 2>&1
   log "synthetic rc=$?"; grep -a -e '^|' -e shape -e throughput $Q/synthetic.log
   touch $Q/done
   ;;
@@ -73,7 +75,8 @@ poll)
   for size in 0.5b 1.5b; do grep -a '^|' $Q/sweep-$size.log 2>/dev/null | tail -n 3; done
   if [ -n "${OUT:-}" ]; then
     cp $Q/job.log $OUT/ 2>/dev/null
-    tar -czf $OUT/quality.tgz -C /tmp --exclude='*.png' quality 2>/dev/null
+    tar -czf $OUT/quality.tgz -C /tmp --exclude='*.png' --exclude=requests.jsonl \
+      --exclude=synthetic quality 2>/dev/null
     ls -la $OUT
   fi
   ;;

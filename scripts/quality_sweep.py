@@ -7,7 +7,7 @@ path of the baseline (tail 0, context 0) with the same ``fact_order``, which run
 
     python scripts/quality_sweep.py --dataset locomo-dev.json --conversations 0 --limit 20 \\
         --k 5,10,20 --out runs/quality base=rank,0,0 tail2=rank,2,0 time=time,0,0 \\
-        share25=rank,0,0,0.25 sim8=rank,0,8,0,similar
+        budget192=rank,0,0,192 sim8=rank,0,8,0,similar
 
 Each setting writes its own run folder ``OUT/NAME`` (``bench report`` / ``bench compare``
 work on it); rerunning resumes.
@@ -22,9 +22,9 @@ import tempfile
 from pathlib import Path
 
 
-FIELDS = ("fact_order", "recompute_tail", "capture_context", "recompute_share",
+FIELDS = ("fact_order", "recompute_tail", "capture_context", "recompute_tokens",
           "capture_context_from")
-TYPES = (str, int, int, float, str)
+TYPES = (str, int, int, int, str)
 
 
 def parse_setting(text: str) -> tuple[str, dict[str, object]]:
@@ -39,7 +39,7 @@ def parse_setting(text: str) -> tuple[str, dict[str, object]]:
 def is_baseline(levers: dict[str, object]) -> bool:
     """No lever that changes only the KV path: its text path can serve the others."""
     return (levers["recompute_tail"] == 0 and levers["capture_context"] == 0
-            and not levers.get("recompute_share"))
+            and not levers.get("recompute_tokens"))
 
 
 def main() -> None:
@@ -55,9 +55,12 @@ def main() -> None:
                         help="questions per conversation answered alone (their TTFT is "
                              "reported)")
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--text-from", type=Path, default=None, metavar="RUN_DIR",
+                        help="a finished baseline run (same fact order) whose text path the "
+                             "settings reuse instead of a baseline of their own")
     parser.add_argument("settings", nargs="+",
                         help="NAME=fact_order,recompute_tail,capture_context"
-                             "[,recompute_share[,capture_context_from]]")
+                             "[,recompute_tokens[,capture_context_from]]")
     parser.add_argument("--table-only", action="store_true",
                         help="print the table of the runs already in --out, run nothing")
     parser.add_argument("--pick", type=int, default=None, metavar="N",
@@ -78,6 +81,9 @@ def main() -> None:
     # Baselines first: the other settings reuse their text path.
     order = sorted(settings, key=lambda n: not is_baseline(settings[n]))
     baselines: dict[object, Path] = {}
+    if args.text_from is not None:
+        baselines[json.loads((args.text_from / "config.json").read_text())["params"][
+            "fact_order"]] = args.text_from
     ks = [int(k) for k in args.k.split(",")]
     conversations = args.conversations.split(",") if args.conversations else None
     with tempfile.TemporaryDirectory() as tmp, MemoryEngine(
@@ -99,16 +105,18 @@ def main() -> None:
     print(table(args.out, order))
 
 
-def best(out: Path, names: list[str], count: int) -> list[str]:
+def best(out: Path, names: list[str], count: int, ttft_ratio: float = 0.6) -> list[str]:
     """The ``count`` settings (baselines excluded) whose worst KV - text F1 over k is
-    highest, best first."""
+    highest, best first, among those whose KV TTFT is at most ``ttft_ratio`` times the
+    text path's at every k >= 10."""
     worst = {}
     for name in names:
         path = out / name / "summary.json"
         rows = json.loads(path.read_text())["by_k"] if path.exists() else []
         levers = json.loads((out / name / "config.json").read_text())["params"] if rows else {}
-        if rows and not is_baseline({**levers, "recompute_share": levers.get(
-                "recompute_share", 0)}):
+        fast = all(row["kv"]["ttft_median_ms"] <= ttft_ratio * row["text"]["ttft_median_ms"]
+                   for row in rows if row["k"] >= 10)
+        if rows and fast and not is_baseline(levers):
             worst[name] = min(row["f1_diff"] for row in rows)
     return sorted(worst, key=worst.get, reverse=True)[:count]
 
