@@ -30,8 +30,11 @@ def engine(engine_store_path: Path) -> Iterator[MemoryEngine]:
     from inferscale_memory import MemoryEngine
 
     kv_cache_gb = int(os.environ.get("INFERSCALE_TEST_KV_CACHE_GB", "2"))
+    # Pure injection (no recomputed tail, each fact captured right after the header): the
+    # tests check the connector's mechanics fact by fact. The default quality policy is
+    # switched on where it is under test (tests/test_engine_quality.py).
     with MemoryEngine(store_path=str(engine_store_path), kv_cache_gb=kv_cache_gb,
-                      max_model_len=4096) as shared:
+                      max_model_len=4096, recompute_tail=0, capture_context=0) as shared:
         yield shared
 
 

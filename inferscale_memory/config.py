@@ -26,8 +26,7 @@ INDEX_BACKENDS = ("exact", "qdrant")
 FACT_ORDERS = ("rank", "time")
 CONTEXT_SOURCES = ("recent", "similar")
 # The fields of the answer-quality policy (docs/quality.md).
-QUALITY_FIELDS = ("fact_order", "recompute_tail", "recompute_tokens", "capture_context",
-                  "capture_context_from")
+QUALITY_FIELDS = ("fact_order", "recompute_tail", "capture_context", "capture_context_from")
 MAX_CAPTURE_CONTEXT = 32
 _COLLECTION_NAME = re.compile(r"[A-Za-z0-9_.-]{1,255}")
 
@@ -93,9 +92,6 @@ class MemoryConfig:
             computes from their text instead of having their KV injected: those facts
             attend to every fact before them, at the cost of prefilling their tokens.
             ``0`` injects every fact. Per call: ``chat(..., recompute_tail=...)``.
-        recompute_tokens: A budget of fact tokens that vLLM computes from text at the end
-            of the memory span: the tail is the most facts that fit in it, and at least
-            ``recompute_tail`` facts. Per call: ``chat(..., recompute_tokens=...)``.
         capture_context: How many of the user's earlier facts (in the order they were
             added) precede a fact in the prompt that captures its KV; only the fact's own
             KV is kept, but it has attended to them. ``0`` captures each fact right after
@@ -129,10 +125,9 @@ class MemoryConfig:
     qdrant_api_key: str | None = field(default=None, repr=False)  # a secret: kept out of logs
     qdrant_collection: str = "inferscale_facts"
     fact_order: str = "rank"
-    recompute_tail: int = 0
-    recompute_tokens: int = 0
-    capture_context: int = 0
-    capture_context_from: str = "recent"
+    recompute_tail: int = 4
+    capture_context: int = 16
+    capture_context_from: str = "similar"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cache_dir", Path(self.cache_dir).expanduser())
@@ -154,9 +149,6 @@ class MemoryConfig:
              f"fact_order must be one of {FACT_ORDERS}; got {self.fact_order!r}"),
             (self.recompute_tail >= 0,
              f"recompute_tail must be >= 0 (facts computed from text); got {self.recompute_tail}"),
-            (self.recompute_tokens >= 0,
-             f"recompute_tokens must be >= 0 (fact tokens computed from text); "
-             f"got {self.recompute_tokens}"),
             (self.capture_context_from in CONTEXT_SOURCES,
              f"capture_context_from must be one of {CONTEXT_SOURCES}; "
              f"got {self.capture_context_from!r}"),

@@ -89,9 +89,6 @@ class MemoryEngine:
                 default ``config.fact_order``.
             recompute_tail: Facts at the end of the memory span that vLLM computes from
                 text instead of injecting (``kv`` mode); default ``config.recompute_tail``.
-            recompute_tokens: The most facts at the end that fit in this many tokens are
-                computed that way, if more than ``recompute_tail``; default
-                ``config.recompute_tokens``.
             **options: ``max_tokens``, ``temperature``, ``stop``, ``logprobs``, ``seed``,
                 ``ignore_eos`` (generate exactly ``max_tokens``, for benchmarks).
         """
@@ -123,7 +120,6 @@ class MemoryEngine:
                            user_id: str | None = None, k: int | None = None,
                            mode: str = "kv", facts: Sequence[Fact | ScoredFact] | None = None,
                            fact_order: str | None = None, recompute_tail: int | None = None,
-                           recompute_tokens: int | None = None,
                            **options: Any) -> AsyncIterator[ChatChunk]:
         """Async streaming answer; see :meth:`chat` for the arguments.
 
@@ -132,7 +128,7 @@ class MemoryEngine:
         """
         start = time.perf_counter()
         conversation, k, max_tokens = self._check_request(messages, k, mode, options)
-        order, tail, budget = self._check_quality(fact_order, recompute_tail, recompute_tokens)
+        order, tail = self._check_quality(fact_order, recompute_tail)
         if facts is None:
             facts = await self._retrieve(conversation[-1]["content"], user_id, k)
         else:
@@ -141,14 +137,18 @@ class MemoryEngine:
         ordered = prompt_order(facts, order)
         layout = self.builder.build(conversation, [(f.fact.id, f.fact.text) for f in ordered])
         self._check_length(layout, max_tokens)
-        tail = tail_size([b - a for _, a, b in layout.fact_spans], tail, budget)
-        params = self._inject_params(layout, user_id, tail) if mode == "kv" else None
+        tail = tail_size(len(layout.fact_spans), tail, self.config.capture_context == 0)
+        # A tail of every fact leaves nothing worth injecting: the request is the text path's.
+        every = tail > 0 and tail == len(layout.fact_spans)
+        params = self._inject_params(layout, user_id, tail) if mode == "kv" and not every \
+            else None
         async for delta in self.runtime.stream(layout.token_ids, max_tokens=max_tokens,
                                                params=params, salted=True, **options):
             if delta.completion is None:
                 yield ChatChunk(delta.text)
                 continue
-            result = self._result(delta.completion, layout, ordered, mode, start, retrieval_s)
+            result = self._result(delta.completion, layout, ordered, mode, params, start,
+                                  retrieval_s)
             self._recapture(user_id, ordered, result.metrics.recomputed_fact_ids)
             yield ChatChunk(delta.text, result)
 
@@ -218,18 +218,15 @@ class MemoryEngine:
         options.update(checked)
         return conversation, k, options.pop("max_tokens")
 
-    def _check_quality(self, fact_order: str | None, recompute_tail: int | None,
-                       recompute_tokens: int | None) -> tuple[str, int, int]:
+    def _check_quality(self, fact_order: str | None, recompute_tail: int | None
+                       ) -> tuple[str, int]:
         order = self.config.fact_order if fact_order is None else fact_order
         tail = self.config.recompute_tail if recompute_tail is None else recompute_tail
-        budget = self.config.recompute_tokens if recompute_tokens is None else recompute_tokens
         if order not in FACT_ORDERS:
             raise InvalidInputError(f"fact_order must be one of {FACT_ORDERS}, got {order!r}")
         if isinstance(tail, bool) or not isinstance(tail, int) or tail < 0:
             raise InvalidInputError(f"recompute_tail must be an integer >= 0, got {tail!r}")
-        if isinstance(budget, bool) or not isinstance(budget, int) or budget < 0:
-            raise InvalidInputError(f"recompute_tokens must be an integer >= 0, got {budget!r}")
-        return order, tail, budget
+        return order, tail
 
     async def _retrieve(self, query: str, user_id: str | None, k: int) -> list[ScoredFact]:
         if user_id is None:
@@ -269,7 +266,8 @@ class MemoryEngine:
         return RequestParams(user_id, layout.layout_id, inject=tuple(spans))
 
     def _result(self, done: Completion, layout: PromptLayout, ordered: list[ScoredFact],
-                mode: str, start: float, retrieval_s: float) -> ChatResult:
+                mode: str, params: RequestParams | None, start: float, retrieval_s: float
+                ) -> ChatResult:
         report = done.report
         injected = int(report.get("injected_tokens", 0))
         prompt_tokens = len(layout.token_ids)
@@ -289,9 +287,10 @@ class MemoryEngine:
             fact_ids=fact_ids,
             recomputed_fact_ids=[fid for fid in fact_ids if fid in missing],
         )
-        if mode == "kv" and fact_ids:
+        named = sum(span.key.ns != "" for span in params.inject) if params else 0
+        if named:  # facts named for injection: hits, or misses that vLLM computed
             recomputed = len(metrics.recomputed_fact_ids)
-            self.kv_stats.record_answer(len(fact_ids) - recomputed, recomputed)
+            self.kv_stats.record_answer(named - recomputed, recomputed)
             self.kv_stats.record_report(report)  # promotions and the room made for them
         return ChatResult(done.text, metrics, ordered, layout.token_ids, done.token_ids,
                           done.finish_reason, done.logprobs)

@@ -142,17 +142,19 @@ def prompt_order(facts: Sequence[ScoredFact], order: str) -> list[ScoredFact]:
     raise InvalidInputError(f"fact order must be 'rank' or 'time', got {order!r}")
 
 
-def tail_size(fact_lengths: Sequence[int], recompute_tail: int, recompute_tokens: int) -> int:
-    """How many of a prompt's facts (their token counts in prompt order) are computed from
-    text at the end of its memory span: the most facts at the end that fit in
-    ``recompute_tokens`` tokens, and at least ``recompute_tail`` (never more than there
-    are)."""
-    fit, used = 0, 0
-    for length in reversed(fact_lengths):
-        if used + length > recompute_tokens:
-            break
-        fit, used = fit + 1, used + length
-    return min(len(fact_lengths), max(recompute_tail, fit))
+def tail_size(facts: int, recompute_tail: int, captured_alone: bool) -> int:
+    """How many of a prompt's ``facts`` are computed from text at the end of its memory
+    span: the last ``recompute_tail`` (``0`` injects every fact).
+
+    When facts are captured after context facts (not ``captured_alone``), a tail that
+    would leave a single fact to inject computes that one too: its KV is not what the
+    text path computes for the first fact, its prefill costs next to nothing, and with
+    every fact computed the KV path is the text path exactly. A fact captured alone, right
+    after the header, is exact in first place and stays injected.
+    """
+    if recompute_tail > 0 and not captured_alone and facts - recompute_tail <= 1:
+        return facts
+    return min(facts, recompute_tail)
 
 
 def validate_messages(messages: Any) -> list[dict[str, str]]:

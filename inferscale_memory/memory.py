@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, overload
 
 from inferscale_memory.connector.params import MAX_SPANS, FactKey, RequestParams, Span
@@ -113,15 +113,21 @@ class EngineMemory:
 
     # -- engine requests -----------------------------------------------------------------
 
-    async def capture(self, user_id: str, facts: Sequence[Fact]) -> None:
+    async def capture(self, user_id: str, facts: Sequence[Fact],
+                      contexts: Mapping[str, Sequence[str]] | None = None) -> None:
         """Have the engine compute and keep the KV of ``facts`` (concurrently).
 
-        With ``config.capture_context`` = n > 0, each fact is captured after the n facts
-        of the user added just before it (only the fact's own KV is kept).
+        With ``config.capture_context`` = n > 0, each fact is captured after n of the
+        user's other facts (``config.capture_context_from``; only the fact's own KV is
+        kept). ``contexts`` (fact id -> texts) hands those in instead, for facts that live
+        in another store (e.g. Mem0's); ``None`` reads them from this engine's store.
         """
-        contexts = await self._contexts(user_id, facts)
-        await asyncio.gather(*(self._capture_one(user_id, fact, contexts.get(fact.id, ()))
-                               for fact in facts))
+        if contexts is None:
+            contexts = await self._contexts(user_id, facts)
+        budget = self._engine.runtime.max_model_len - 1
+        await asyncio.gather(*(self._capture_one(
+            user_id, fact, self._fit(contexts.get(fact.id, ()), fact.text, budget))
+            for fact in facts))
 
     async def _contexts(self, user_id: str, facts: Sequence[Fact]
                         ) -> dict[str, tuple[str, ...]]:
@@ -131,7 +137,6 @@ class EngineMemory:
             return {}
         timeline = await self._in_thread(self.store.list, user_id=user_id)
         position = {fact.id: i for i, fact in enumerate(timeline)}
-        budget = self._engine.runtime.max_model_len - 1
         similar = self._engine.config.capture_context_from == "similar"
         contexts = {}
         for fact in facts:
@@ -140,7 +145,7 @@ class EngineMemory:
             else:
                 end = position.get(fact.id, 0)
                 before = [f.text for f in timeline[max(0, end - count):end]]
-            contexts[fact.id] = self._fit(before, fact.text, budget)
+            contexts[fact.id] = tuple(before)
         return contexts
 
     def _similar(self, user_id: str, fact: Fact, count: int,

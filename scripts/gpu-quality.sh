@@ -9,14 +9,14 @@
 #   bash scripts/gpu-quality.sh model DIR    convert the model bundle in DIR, in the background
 #   bash scripts/gpu-quality.sh poll [S]     wait up to S seconds (default 240) for the end
 #
-# SETTINGS05 overrides the 0.5B settings (NAME=order,tail,context[,share[,from]]); the 1.5B
+# SETTINGS05 overrides the 0.5B settings (NAME=order,tail,context[,from]); the 1.5B
 # model runs the baseline and the two settings with the smallest worst-k loss on the 0.5B
 # among those whose KV TTFT is at most 0.6x the text path's at every k >= 10.
 set -u
 Q=/tmp/quality
 DATA=.bundle/data/locomo-dev.json
-: "${SETTINGS05:=base=rank,0,0 b192c16=rank,4,16,192 b192c32=rank,4,32,192 t4c32=rank,4,32 b192n16=rank,4,16,192,similar t4n16=rank,4,16,0,similar}"
-: "${SYNTHETIC_ARGS:=--recompute-tail 4 --recompute-tokens 192}"
+: "${SETTINGS05:=base=rank,0,0 t4=rank,4,0 c16=rank,0,16 t4c16=rank,4,16 t4c32=rank,4,32 t4n16=rank,4,16,similar}"
+: "${SYNTHETIC_ARGS:=}"
 
 log() { echo "[$(date +%T) +$(( $(date +%s) - t0 ))s] $*"; }
 wait_file() { local n=0; while [ ! -e "$1" ] && [ $n -lt "$2" ]; do sleep 2; n=$((n + 2)); done; }

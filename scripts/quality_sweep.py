@@ -7,7 +7,7 @@ path of the baseline (tail 0, context 0) with the same ``fact_order``, which run
 
     python scripts/quality_sweep.py --dataset locomo-dev.json --conversations 0 --limit 20 \\
         --k 5,10,20 --out runs/quality base=rank,0,0 tail2=rank,2,0 time=time,0,0 \\
-        budget192=rank,0,0,192 sim8=rank,0,8,0,similar
+        near16=rank,4,16,similar sim8=rank,0,8,similar
 
 Each setting writes its own run folder ``OUT/NAME`` (``bench report`` / ``bench compare``
 work on it); rerunning resumes.
@@ -21,25 +21,22 @@ import json
 import tempfile
 from pathlib import Path
 
-
-FIELDS = ("fact_order", "recompute_tail", "capture_context", "recompute_tokens",
-          "capture_context_from")
-TYPES = (str, int, int, int, str)
+FIELDS = ("fact_order", "recompute_tail", "capture_context", "capture_context_from")
+TYPES = (str, int, int, str)
 
 
 def parse_setting(text: str) -> tuple[str, dict[str, object]]:
-    """``NAME=order,tail,context[,share[,context_from]]`` -> (NAME, the config fields)."""
+    """``NAME=order,tail,context[,context_from]`` -> (NAME, the config fields)."""
     name, _, spec = text.partition("=")
     parts = spec.split(",")
     if not 3 <= len(parts) <= len(FIELDS):
-        raise SystemExit(f"bad setting {text!r}: NAME=order,tail,context[,share[,from]]")
+        raise SystemExit(f"bad setting {text!r}: NAME=order,tail,context[,from]")
     return name, {f: kind(v) for f, kind, v in zip(FIELDS, TYPES, parts, strict=False)}
 
 
 def is_baseline(levers: dict[str, object]) -> bool:
     """No lever that changes only the KV path: its text path can serve the others."""
-    return (levers["recompute_tail"] == 0 and levers["capture_context"] == 0
-            and not levers.get("recompute_tokens"))
+    return levers["recompute_tail"] == 0 and levers["capture_context"] == 0
 
 
 def main() -> None:
@@ -60,7 +57,7 @@ def main() -> None:
                              "settings reuse instead of a baseline of their own")
     parser.add_argument("settings", nargs="+",
                         help="NAME=fact_order,recompute_tail,capture_context"
-                             "[,recompute_tokens[,capture_context_from]]")
+                             "[,capture_context_from]")
     parser.add_argument("--table-only", action="store_true",
                         help="print the table of the runs already in --out, run nothing")
     parser.add_argument("--pick", type=int, default=None, metavar="N",

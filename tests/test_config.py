@@ -84,8 +84,9 @@ def test_index_settings_from_env_and_their_defaults(monkeypatch: pytest.MonkeyPa
 
 def test_quality_levers_from_env_and_their_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
     defaults = MemoryConfig.load()
-    assert (defaults.fact_order, defaults.recompute_tail, defaults.capture_context) == (
-        "rank", 0, 0)
+    # The quality-safe default of docs/quality.md (GPU, LoCoMo, two models).
+    assert (defaults.fact_order, defaults.recompute_tail, defaults.capture_context,
+            defaults.capture_context_from) == ("rank", 4, 16, "similar")
     monkeypatch.setenv("INFERSCALE_FACT_ORDER", "time")
     monkeypatch.setenv("INFERSCALE_RECOMPUTE_TAIL", "2")
     monkeypatch.setenv("INFERSCALE_CAPTURE_CONTEXT", "3")
@@ -93,3 +94,7 @@ def test_quality_levers_from_env_and_their_defaults(monkeypatch: pytest.MonkeyPa
     assert (config.fact_order, config.recompute_tail, config.capture_context) == ("time", 4, 3)
     with pytest.raises(ConfigError, match="recompute_tail"):
         MemoryConfig.load(recompute_tail=-2)
+    monkeypatch.setenv("INFERSCALE_CAPTURE_CONTEXT_FROM", "recent")
+    assert MemoryConfig.load().capture_context_from == "recent"
+    with pytest.raises(ConfigError, match="capture_context_from"):
+        MemoryConfig.load(capture_context_from="random")

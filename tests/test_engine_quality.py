@@ -12,7 +12,9 @@ import dataclasses
 import pytest
 from test_engine import ask, assert_same_answer, block_fact
 
-from inferscale_memory import InvalidInputError, MemoryEngine
+from inferscale_memory import Fact, InvalidInputError, MemoryConfig, MemoryEngine
+from inferscale_memory.config import QUALITY_FIELDS
+from inferscale_memory.layout import tail_size
 
 pytestmark = pytest.mark.engine
 
@@ -65,7 +67,9 @@ def test_recompute_tail_injects_every_fact_but_the_last_r(engine: MemoryEngine) 
         kv = engine.answer(question, found, user_id="tail-count", mode="kv", max_tokens=1,
                            recompute_tail=tail)
         named = kv.facts[:max(0, len(kv.facts) - tail)]
-        expected = header + sum(len(engine.builder.fact_ids(f.fact.text)) for f in named)
+        # A tail of every fact injects nothing, the header neither: the text path's request.
+        expected = header + sum(len(engine.builder.fact_ids(f.fact.text)) for f in named) \
+            if named or tail == 0 else 0
         assert kv.metrics.injected_tokens == expected, tail
         assert kv.metrics.computed_tokens == kv.metrics.prompt_tokens - expected
         assert kv.metrics.recomputed_fact_ids == []
@@ -89,14 +93,23 @@ def test_recompute_tail_answers_like_the_text_path(engine: MemoryEngine) -> None
 
 def test_capture_context_captures_a_fact_after_its_predecessors(
         engine: MemoryEngine, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(engine, "config", dataclasses.replace(engine.config, capture_context=1))
+    monkeypatch.setattr(engine, "config", dataclasses.replace(
+        engine.config, capture_context=1, capture_context_from="recent"))
     first = engine.memory.add(block_fact(engine, "Omar adopted a grey cat in 2019."),
                               user_id="context")
     second = engine.memory.add(
         padded(engine, "The cat, called Ash, turned four in June 2023.",
                engine.runtime.block_size), user_id="context")
+    assert_injected_after_first_like_text(engine, first, second, "context")
+
+
+def assert_injected_after_first_like_text(engine: MemoryEngine, first: Fact, second: Fact,
+                                          user_id: str) -> None:
+    """``second``, captured right after ``first`` (each one block), injected after it
+    answers bit for bit like the text path."""
     question = ask("How old is Omar's cat?")
-    options = dict(user_id="context", max_tokens=16, logprobs=5, fact_order="time")
+    options = dict(user_id=user_id, max_tokens=16, logprobs=5, fact_order="time",
+                   recompute_tail=0)
     # The capture of `second` found header + first (one block) in vLLM's prefix cache and
     # computed `second` after it. vLLM's CPU kernels give other last bits for a prefix
     # served from the cache, so the text path is brought to the same state: block 0 from a
@@ -112,6 +125,65 @@ def test_capture_context_captures_a_fact_after_its_predecessors(
     assert kv.metrics.fact_ids == [first.id, second.id]
     assert kv.metrics.injected_tokens == 2 * engine.runtime.block_size
     assert_same_answer(kv, text)
+
+
+@pytest.fixture
+def default_policy(engine: MemoryEngine, monkeypatch: pytest.MonkeyPatch) -> MemoryConfig:
+    """The shared engine with the library's default quality policy (it runs without)."""
+    defaults = MemoryConfig()
+    policy = {name: getattr(defaults, name) for name in QUALITY_FIELDS}
+    monkeypatch.setattr(engine, "config", dataclasses.replace(engine.config, **policy))
+    return engine.config
+
+
+def test_default_policy_injects_all_but_a_tail_and_computes_small_k_as_text(
+        engine: MemoryEngine, default_policy: MemoryConfig) -> None:
+    tail = default_policy.recompute_tail
+    assert tail > 0 and default_policy.capture_context > 0
+    facts = [f"Nora's shelf {n} holds {n + 3} books about {bird}." for n, bird in
+             enumerate(["owls", "gulls", "crows", "herons", "swifts", "wrens", "kites",
+                        "terns", "rooks", "larks"])]
+    engine.memory.add(facts, user_id="policy")
+    question = ask("How many books about herons does Nora have?")
+    found = engine.memory.search(question[0]["content"], user_id="policy", k=len(facts))
+    header = len(engine.builder.header_ids)
+    options = dict(user_id="policy", max_tokens=12, logprobs=3)
+    for k in (1, 3, tail + 1, tail + 2, len(facts)):
+        computed = tail_size(k, tail, captured_alone=False)
+        engine.reset_prefix_cache()
+        before = engine.kv_stats.injected
+        kv = engine.answer(question, found[:k], mode="kv", **options)  # type: ignore[arg-type]
+        lengths = [len(engine.builder.fact_ids(f.fact.text)) for f in kv.facts]
+        assert len(lengths) == k
+        if computed == k:  # nothing but the header would be injected: the text path exactly
+            assert k <= tail + 1
+            assert kv.metrics.injected_tokens == 0 and engine.kv_stats.injected == before
+            engine.reset_prefix_cache()
+            text = engine.answer(question, found[:k], mode="text", **options)  # type: ignore[arg-type]
+            assert_same_answer(kv, text)
+        else:  # the header and the first k - tail facts injected, the last `tail` computed
+            assert computed == tail
+            injected = header + sum(lengths[:k - tail])
+            assert kv.metrics.injected_tokens == injected, k
+            assert kv.metrics.computed_tokens == kv.metrics.prompt_tokens - injected
+            assert engine.kv_stats.injected == before + k - tail
+        assert kv.metrics.recomputed_fact_ids == []
+
+
+def test_similar_context_captures_a_fact_after_its_nearest_fact(
+        engine: MemoryEngine, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(engine, "config", dataclasses.replace(
+        engine.config, capture_context=1, capture_context_from="similar"))
+    first = engine.memory.add(block_fact(engine, "Omar adopted a grey cat in 2019."),
+                              user_id="near")
+    engine.memory.add("The night train to Lisbon leaves at ten.", user_id="near")
+    second = engine.memory.add(
+        padded(engine, "Omar's grey cat, called Ash, turned four in June 2023.",
+               engine.runtime.block_size), user_id="near")
+    # `second` was added after the train fact, but its nearest fact is `first`: it was
+    # captured right after `first`, which is where it sits in the prompt. With the most
+    # recent fact as its context it would have attended to the train fact instead.
+    assert_injected_after_first_like_text(engine, first, second, "near")
 
 
 @pytest.mark.parametrize("options", [{"fact_order": "random"}, {"recompute_tail": -1},

@@ -28,9 +28,11 @@ THINGS = ["violin", "kayak", "garden", "telescope", "bakery", "chess club"]
 def small_pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MemoryEngine]:
     store = tmp_path_factory.mktemp("budget") / "memory.sqlite"
     # About 70 token rows of SmolLM2's KV (23 KiB a token in bf16): the header and a few
-    # facts of ~12 tokens; the host tier holds about 140 rows.
+    # facts of ~12 tokens; the host tier holds about 140 rows. Pure injection: the answers
+    # below name one fact, which the default policy would compute instead of injecting.
     with MemoryEngine(store_path=str(store), kv_cache_gb=1, max_model_len=1024,
-                      kv_pool_gb=0.0015, kv_host_pool_gb=0.003) as engine:
+                      kv_pool_gb=0.0015, kv_host_pool_gb=0.003, recompute_tail=0,
+                      capture_context=0) as engine:
         yield engine
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from inferscale_memory import InvalidInputError
 from inferscale_memory.engine import MemoryEngine
-from inferscale_memory.layout import PromptLayout, prompt_order
+from inferscale_memory.layout import PromptLayout, prompt_order, tail_size
 from inferscale_memory.store import Fact, ScoredFact
 
 
@@ -50,3 +50,15 @@ def test_recompute_tail_leaves_the_last_facts_unnamed(tail: int, named: list[str
     assert [name for name, _, _ in spans] == named
     assert spans[0][1] == 0  # a contiguous run from position 0
     assert all(a[2] == b[1] for a, b in zip(spans, spans[1:], strict=False))
+
+
+@pytest.mark.parametrize(("facts", "tail", "computed"), [
+    (10, 0, 0), (1, 0, 0),              # no tail: every fact injected
+    (10, 4, 4), (50, 4, 4), (6, 4, 4),  # the last 4 computed, at least 2 injected
+    (5, 4, 5), (4, 4, 4), (2, 4, 2),    # one fact would be left: all computed
+    (3, 1, 1), (2, 1, 2), (0, 4, 0)])
+def test_tail_size_computes_the_last_facts_and_no_lone_context_captured_one(
+        facts: int, tail: int, computed: int) -> None:
+    assert tail_size(facts, tail, captured_alone=False) == computed
+    # Facts captured right after the header: a lone first fact is exact, it stays injected.
+    assert tail_size(facts, tail, captured_alone=True) == min(facts, tail)

@@ -20,7 +20,7 @@ def test_restarted_engine_serves_stored_facts(engine: MemoryEngine,
 
     # A second engine process over the same durable store: nothing of its KV exists yet.
     with MemoryEngine(store_path=str(engine_store_path), kv_cache_gb=1,
-                      max_model_len=4096) as restarted:
+                      max_model_len=4096, recompute_tail=0, capture_context=0) as restarted:
         assert {f.id for f in restarted.memory.list(user_id="restart")} == {f.id for f in facts}
         first = restarted.chat(question, user_id="restart", k=2, max_tokens=12)
         assert sorted(first.metrics.recomputed_fact_ids) == sorted(f.id for f in facts)

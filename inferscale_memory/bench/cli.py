@@ -60,9 +60,6 @@ def add_bench_parser(commands: Any) -> None:
     locomo.add_argument("--recompute-tail", type=int, default=None, metavar="R",
                         help="compute the last R facts from text on the KV path "
                              "(default: the config's recompute_tail)")
-    locomo.add_argument("--recompute-tokens", type=int, default=None, metavar="T",
-                        help="compute the last facts that fit in T tokens from text on the "
-                             "KV path, if more than R (default: the config's recompute_tokens)")
     locomo.add_argument("--capture-context", type=int, default=None, metavar="N",
                         help="capture each fact after N earlier facts "
                              "(default: the config's capture_context)")
@@ -157,8 +154,6 @@ def _add_synthetic(workloads: Any) -> None:
     synthetic.add_argument("--tensor-parallel-size", type=int, default=1)
     synthetic.add_argument("--recompute-tail", type=int, default=None, metavar="R",
                            help="facts computed at the end on the KV path (default: config)")
-    synthetic.add_argument("--recompute-tokens", type=int, default=None, metavar="T",
-                           help="fact tokens computed at the end (default: config)")
     synthetic.add_argument("--connector-timing", action="store_true",
                            help="log the connector's load steps and report their median time")
 
@@ -242,8 +237,7 @@ def _synthetic(args: argparse.Namespace) -> int:
                            connector_timing=args.connector_timing,
                            gpu_memory_utilization=args.gpu_memory_utilization,
                            tensor_parallel_size=args.tensor_parallel_size,
-                           recompute_tail=args.recompute_tail,
-                           recompute_tokens=args.recompute_tokens)
+                           recompute_tail=args.recompute_tail)
     if args.out is not None:
         args.out.write_text(json.dumps(report, indent=2))
     print(format_report(report))

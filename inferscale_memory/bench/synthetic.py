@@ -114,9 +114,9 @@ class SyntheticWorkload:
 
     def __init__(self, runtime: VllmRuntime, vocab: int, *, header_len: int = 32,
                  fact_len: int = 32, question_len: int = 16, seed: int = 0,
-                 recompute_tail: int = 0, recompute_tokens: int = 0) -> None:
+                 recompute_tail: int = 0) -> None:
         self.runtime = runtime
-        self.tail = (recompute_tail, recompute_tokens)
+        self.recompute_tail = recompute_tail
         self._rng = random.Random(seed)
         self._vocab = vocab
         self.header = self._ids(header_len)
@@ -147,8 +147,8 @@ class SyntheticWorkload:
         quality policy (``tail_size``), which vLLM computes."""
         ids = list(self.header)
         spans = [Span(FactKey("", "header:synthetic"), 0, len(ids))]
-        lengths = [self.fact_len] * len(fact_indices)
-        injected = len(fact_indices) - tail_size(lengths, *self.tail)
+        # Facts are captured right after the header here.
+        injected = len(fact_indices) - tail_size(len(fact_indices), self.recompute_tail, True)
         for n, i in enumerate(fact_indices):
             if n < injected:
                 spans.append(Span(FactKey(TENANT, str(i)), len(ids), len(ids) + self.fact_len))
@@ -237,18 +237,16 @@ def _stats(values: list[float]) -> tuple[float, float]:
 
 def run_synthetic(shape: str, ks: list[int], trials: int, concurrency: int, output_len: int,
                   workdir: Path, connector_timing: bool = False,
-                  recompute_tail: int | None = None, recompute_tokens: int | None = None,
+                  recompute_tail: int | None = None,
                   **config: Any) -> dict[str, Any]:
     """The whole synthetic report: capture rate, TTFT sweep, one-shot throughput.
 
     ``connector_timing`` logs the connector's load steps (synchronising the device after
     each, which costs a little TTFT) and reports their median time per k. The KV path
-    computes the tail of ``recompute_tail`` / ``recompute_tokens`` (default: the config's,
+    computes the tail of ``recompute_tail`` (default: the config's,
     i.e. the default quality policy).
     """
-    defaults = MemoryConfig.load()
-    tail = (defaults.recompute_tail if recompute_tail is None else recompute_tail,
-            defaults.recompute_tokens if recompute_tokens is None else recompute_tokens)
+    tail = MemoryConfig.load().recompute_tail if recompute_tail is None else recompute_tail
     loads = None
     if connector_timing:  # the engine's processes inherit the variable
         loads = LoadLog(workdir / "connector-timing.jsonl")
@@ -256,8 +254,7 @@ def run_synthetic(shape: str, ks: list[int], trials: int, concurrency: int, outp
     runtime = dummy_runtime(write_dummy_model(workdir / shape, shape), **config)
     try:
         vocab = int(SHAPES[shape]["vocab_size"])
-        work = SyntheticWorkload(runtime, vocab, recompute_tail=tail[0],
-                                 recompute_tokens=tail[1])
+        work = SyntheticWorkload(runtime, vocab, recompute_tail=tail)
 
         async def report() -> dict[str, Any]:
             await work.capture(8)  # warm-up
@@ -272,7 +269,7 @@ def run_synthetic(shape: str, ks: list[int], trials: int, concurrency: int, outp
             rates = {mode: await throughput(work, concurrency, k, output_len, mode)
                      for mode in ("text", "kv")}
             return {"shape": shape, "capture_facts_per_s": count / seconds, "ttft": rows,
-                    "recompute_tail": tail[0], "recompute_tokens": tail[1],
+                    "recompute_tail": tail,
                     "throughput": {"concurrency": concurrency, "k": k,
                                    "output_len": output_len, **rates}}
 
@@ -284,8 +281,7 @@ def run_synthetic(shape: str, ks: list[int], trials: int, concurrency: int, outp
 
 def format_report(report: dict[str, Any]) -> str:
     lines = [f"shape {report['shape']}: capture {report['capture_facts_per_s']:.0f} facts/s; "
-             f"KV path computes a tail of at least {report.get('recompute_tail', 0)} facts "
-             f"and {report.get('recompute_tokens', 0)} fact tokens",
+             f"the KV path computes a tail of {report.get('recompute_tail', 0)} facts",
              "| k | text TTFT median (p90) ms | KV TTFT median (p90) ms | KV / text "
              "| connector load ms |",
              "|---|---|---|---|---|"]

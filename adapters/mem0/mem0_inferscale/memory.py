@@ -105,7 +105,10 @@ def warm(memory: Memory, *, user_id: str) -> int:
         raise TypeError("warm() needs a Memory on an engine: use from_engine() or attach()")
     rows = store.inner.list(filters={"user_id": user_id}, top_k=100_000)
     rows = rows[0] if rows and isinstance(rows[0], list | tuple) else rows
-    facts = [Fact(str(r.id), user_id, r.payload["data"], {}, 0.0, 0.0) for r in rows
-             if r.payload and r.payload.get("data")]
-    store.engine.arun(store.engine.memory.capture(user_id, facts))
-    return len(facts)
+    rows = [r for r in rows if r.payload and r.payload.get("data")]
+    # Embeddings only to find each fact's capture context among its neighbours.
+    vectors = [memory.embedding_model.embed(r.payload["data"], "add")
+               if store.engine.config.capture_context else None for r in rows]
+    store.capture([(Fact(str(r.id), user_id, r.payload["data"], {}, 0.0, 0.0), r.payload, v)
+                   for r, v in zip(rows, vectors, strict=True)])
+    return len(rows)

@@ -17,6 +17,7 @@ from mem0.vector_stores.base import VectorStoreBase
 from inferscale_memory import Fact, MemoryEngine
 
 RESET_BATCH = 1000
+SCOPES = ("user_id", "agent_id", "run_id")
 
 
 def tenant_of(payload: dict[str, Any]) -> str:
@@ -56,15 +57,15 @@ class InferScaleVectorStore(VectorStoreBase):
     def insert(self, vectors: list, payloads: list | None = None, ids: list | None = None) -> Any:
         result = self.inner.insert(vectors=vectors, payloads=payloads, ids=ids)
         if payloads and ids:
-            self._capture(fact_of(i, p) for i, p in zip(ids, payloads, strict=True)
-                          if p.get("data"))
+            self.capture([(fact_of(i, p), p, v) for i, p, v
+                          in zip(ids, payloads, vectors, strict=True) if p.get("data")])
         return result
 
     def update(self, vector_id: Any, vector: Any = None, payload: dict | None = None) -> Any:
         old_text = self._text(vector_id) if payload else None
         result = self.inner.update(vector_id=vector_id, vector=vector, payload=payload)
         if payload and payload.get("data") and payload["data"] != old_text:
-            self._capture([fact_of(vector_id, payload)])
+            self.capture([(fact_of(vector_id, payload), payload, vector)])
         return result
 
     def delete(self, vector_id: Any) -> Any:
@@ -112,9 +113,28 @@ class InferScaleVectorStore(VectorStoreBase):
 
     # -- engine ---------------------------------------------------------------------------
 
-    def _capture(self, facts: Iterable[Fact]) -> None:
-        for user_id, group in _by_tenant(facts).items():
-            self.engine.arun(self.engine.memory.capture(user_id, group))
+    def capture(self, stored: list[tuple[Fact, dict[str, Any], Any]]) -> None:
+        """Capture the KV of Mem0 memories given as (fact, payload, embedding or None).
+
+        With the engine's ``capture_context`` = n > 0, each fact is captured after its n
+        nearest memories of the same scope in this store (Mem0's users are not in the
+        engine's own store), in the order they were created.
+        """
+        contexts = {fact.id: self._neighbours(fact, payload, vector)
+                    for fact, payload, vector in stored}
+        for user_id, group in _by_tenant(fact for fact, _, _ in stored).items():
+            self.engine.arun(self.engine.memory.capture(user_id, group, contexts))
+
+    def _neighbours(self, fact: Fact, payload: dict[str, Any], vector: Any) -> tuple[str, ...]:
+        count = self.engine.config.capture_context
+        if count == 0 or vector is None:
+            return ()
+        scope = {key: payload[key] for key in SCOPES if payload.get(key)}
+        hits = self.inner.search(query=fact.text, vectors=vector, top_k=count + 1,
+                                 filters=scope)
+        near = [hit.payload for hit in hits if str(hit.id) != fact.id and hit.payload
+                and hit.payload.get("data")][:count]
+        return tuple(p["data"] for p in sorted(near, key=lambda p: str(p.get("created_at"))))
 
     def _evict(self, facts: Iterable[Fact]) -> None:
         for user_id, group in _by_tenant(facts).items():

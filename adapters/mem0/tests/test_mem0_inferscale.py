@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -102,3 +103,23 @@ def test_fact_extraction_runs_on_the_engine(memory: Memory) -> None:
     # so with the embedded model infer=True stops with the engine's own error.
     with pytest.raises(LLMError, match="exceeds the context"):
         memory.add("Hi, I am Dana and I love hiking.", user_id="m0-infer")
+
+
+def test_capture_context_comes_from_mem0s_own_store(memory: Memory, engine: MemoryEngine,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    # The default quality policy captures each fact after its nearest facts. A Mem0 user
+    # is unknown to the engine's own store: the neighbours come from Mem0's vector store.
+    monkeypatch.setattr(engine, "config", dataclasses.replace(
+        engine.config, capture_context=2, capture_context_from="similar", recompute_tail=0))
+    user = "m0-context"
+    texts = ["Mina grows tomatoes on her balcony.", "Mina's tomatoes won a prize in 2023.",
+             "Mina works as a nurse in Leeds."]
+    ids = [memory.add(text, user_id=user, infer=False)["results"][0]["id"] for text in texts]
+    assert kv_is_missing(engine, user, dict(zip(ids, texts, strict=True))) == []
+    reply = mem0_inferscale.answer(memory, "What does Mina grow?", user_id=user, k=3,
+                                   max_tokens=4)
+    assert sorted(reply.metrics.fact_ids) == sorted(ids)
+    assert reply.metrics.recomputed_fact_ids == []
+    engine.drop_kv(user, ids)
+    assert mem0_inferscale.warm(memory, user_id=user) == 3
+    assert kv_is_missing(engine, user, dict(zip(ids, texts, strict=True))) == []
