@@ -16,6 +16,7 @@ from inferscale_memory.engine import MemoryEngine
 from inferscale_memory.errors import (
     ConfigError,
     ContextLengthError,
+    EngineClosedError,
     EngineError,
     FactNotFoundError,
     InferScaleError,
@@ -37,6 +38,7 @@ __all__ = [
     "ChatResult",
     "ConfigError",
     "ContextLengthError",
+    "EngineClosedError",
     "EngineError",
     "Fact",
     "FactNotFoundError",

@@ -92,20 +92,24 @@ class MemoryEngine:
             **options: ``max_tokens``, ``temperature``, ``stop``, ``logprobs``, ``seed``,
                 ``ignore_eos`` (generate exactly ``max_tokens``, for benchmarks).
         """
-        return self.runtime.run(self.achat(messages, user_id=user_id, k=k, mode=mode,
-                                           **options))
+        return self.runtime.run(self._achat(messages, user_id=user_id, k=k, mode=mode,
+                                            **options))
 
     async def achat(self, messages: Sequence[dict[str, Any]], **kwargs: Any) -> ChatResult:
-        """Async :meth:`chat` (await it on the engine's loop, see :meth:`arun`)."""
+        """Async :meth:`chat`, awaitable from any event loop (an application's own, or the
+        engine's, as in the server)."""
+        return await self.runtime.call(self._achat(messages, **kwargs))
+
+    async def _achat(self, messages: Sequence[dict[str, Any]], **kwargs: Any) -> ChatResult:
         result = None
-        async for chunk in self.astream_chat(messages, **kwargs):
+        async for chunk in self._astream_chat(messages, **kwargs):
             result = chunk.result or result
         assert result is not None
         return result
 
     def stream_chat(self, messages: Sequence[dict[str, Any]], **kwargs: Any) -> Iterator[ChatChunk]:
         """Like :meth:`chat`, yielding text pieces; the last chunk holds the result."""
-        agen = self.astream_chat(messages, **kwargs)
+        agen = self._astream_chat(messages, **kwargs)
 
         async def step() -> ChatChunk:
             return await agen.__anext__()
@@ -116,16 +120,19 @@ class MemoryEngine:
             except StopAsyncIteration:
                 return
 
-    async def astream_chat(self, messages: Sequence[dict[str, Any]], *,
-                           user_id: str | None = None, k: int | None = None,
-                           mode: str = "kv", facts: Sequence[Fact | ScoredFact] | None = None,
-                           fact_order: str | None = None, recompute_tail: int | None = None,
-                           **options: Any) -> AsyncIterator[ChatChunk]:
-        """Async streaming answer; see :meth:`chat` for the arguments.
+    async def astream_chat(self, messages: Sequence[dict[str, Any]],
+                           **kwargs: Any) -> AsyncIterator[ChatChunk]:
+        """Async streaming answer from any event loop; see :meth:`chat` for the arguments
+        (and ``facts``, best first, e.g. a search result, to skip retrieval)."""
+        async for chunk in self.runtime.iterate(self._astream_chat(messages, **kwargs)):
+            yield chunk
 
-        ``facts`` (best first, e.g. a search result) skips retrieval; they must belong
-        to ``user_id``.
-        """
+    async def _astream_chat(self, messages: Sequence[dict[str, Any]], *,
+                            user_id: str | None = None, k: int | None = None,
+                            mode: str = "kv", facts: Sequence[Fact | ScoredFact] | None = None,
+                            fact_order: str | None = None, recompute_tail: int | None = None,
+                            **options: Any) -> AsyncIterator[ChatChunk]:
+        """:meth:`astream_chat` on the engine loop. ``facts`` must belong to ``user_id``."""
         start = time.perf_counter()
         conversation, k, max_tokens = self._check_request(messages, k, mode, options)
         order, tail = self._check_quality(fact_order, recompute_tail)
@@ -156,8 +163,8 @@ class MemoryEngine:
                user_id: str, mode: str = "kv", **options: Any) -> ChatResult:
         """Answer with given ``facts`` (best first, e.g. from :meth:`EngineMemory.search` or
         Mem0's ``search``) instead of retrieving them."""
-        return self.runtime.run(self.achat(messages, user_id=user_id, mode=mode,
-                                           facts=list(facts), **options))
+        return self.runtime.run(self._achat(messages, user_id=user_id, mode=mode,
+                                            facts=list(facts), **options))
 
     def arun(self, coro: Any) -> Any:
         """Run a coroutine of this engine (e.g. :meth:`achat`) from synchronous code."""

@@ -45,6 +45,10 @@ class EngineError(InferScaleError, RuntimeError):
     """The vLLM engine failed to start or to answer."""
 
 
+class EngineClosedError(EngineError):
+    """The engine was closed: start a new :class:`~inferscale_memory.MemoryEngine`."""
+
+
 class UnsupportedVersionError(InferScaleError, ImportError):
     """The installed vLLM is outside the supported range."""
 

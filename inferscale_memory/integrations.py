@@ -2,8 +2,9 @@
 
 A framework object either gets a :class:`~inferscale_memory.MemoryEngine` or shares one
 default engine per model in the process (:func:`default_engine`). The engine runs on a
-private event loop; frameworks call from their own loops, so :func:`on_engine` and
-:func:`iterate_on_engine` carry coroutines and async generators across.
+private event loop; its async API (``achat``, ``astream_chat``, ``memory.aadd``, ...) can
+be awaited from any loop, and :func:`on_engine` carries any other coroutine of the engine
+across.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from inferscale_memory.errors import UnknownUserError
 from inferscale_memory.results import ChatChunk, ChatResult
 
 T = TypeVar("T")
-_DONE = object()
 _default_engines: dict[str | None, MemoryEngine] = {}
 _lock = threading.Lock()
 
@@ -37,29 +37,7 @@ def default_engine(model: str | None = None) -> MemoryEngine:
 
 async def on_engine(engine: MemoryEngine, coro: Coroutine[Any, Any, T]) -> T:
     """Await ``coro`` on the engine's loop from whatever loop the caller runs on."""
-    if asyncio.get_running_loop() is engine.runtime.loop:
-        return await coro
-    return await asyncio.wrap_future(engine.runtime.submit(coro))
-
-
-async def iterate_on_engine(engine: MemoryEngine, agen: AsyncIterator[T]) -> AsyncIterator[T]:
-    """Iterate an async generator of the engine from another loop, one item at a time;
-    the generator is closed on the engine's loop when the caller stops early."""
-
-    async def step() -> Any:
-        try:
-            return await agen.__anext__()
-        except StopAsyncIteration:
-            return _DONE
-
-    async def close() -> None:
-        await agen.aclose()  # type: ignore[attr-defined]
-
-    try:
-        while (item := await on_engine(engine, step())) is not _DONE:
-            yield item
-    finally:
-        await on_engine(engine, close())
+    return await engine.runtime.call(coro)
 
 
 # -- answers for users who may have no memory yet ------------------------------------------
@@ -101,12 +79,11 @@ async def astream_or_plain(engine: MemoryEngine,
     """:func:`stream_or_plain` for async callers on any loop."""
     started = False
     try:
-        async for piece in iterate_on_engine(engine, engine.astream_chat(**request)):
+        async for piece in engine.astream_chat(**request):
             started = True
             yield piece
     except UnknownUserError:
         if started:
             raise
-        fallback = engine.astream_chat(**{**request, "user_id": None})
-        async for piece in iterate_on_engine(engine, fallback):
+        async for piece in engine.astream_chat(**{**request, "user_id": None}):
             yield piece

@@ -41,7 +41,7 @@ class EngineMemory:
         Example:
             >>> engine.memory.add("Caroline moved to Berlin.", user_id="caroline")  # doctest: +SKIP
         """
-        return self._engine.runtime.run(self.aadd(text, user_id=user_id, metadata=metadata))
+        return self._engine.runtime.run(self._aadd(text, user_id=user_id, metadata=metadata))
 
     def get(self, fact_id: str, *, user_id: str) -> Fact:
         return self.store.get(fact_id, user_id=user_id)
@@ -59,20 +59,46 @@ class EngineMemory:
                metadata: dict[str, Any] | None = None) -> Fact:
         """Change a fact's text; its KV is recaptured."""
         return self._engine.runtime.run(
-            self.aupdate(fact_id, text, user_id=user_id, metadata=metadata))
+            self._aupdate(fact_id, text, user_id=user_id, metadata=metadata))
 
     def delete(self, fact_id: str, *, user_id: str) -> Fact:
         """Delete a fact; its KV is evicted from the engine."""
-        return self._engine.runtime.run(self.adelete(fact_id, user_id=user_id))
+        return self._engine.runtime.run(self._adelete(fact_id, user_id=user_id))
 
     def delete_all(self, *, user_id: str) -> int:
         """Delete every fact of ``user_id``; their KV is evicted."""
-        return self._engine.runtime.run(self.adelete_all(user_id=user_id))
+        return self._engine.runtime.run(self._adelete_all(user_id=user_id))
 
-    # -- async variants (await them on the engine's loop, e.g. inside the server) --------
+    # -- async variants: awaitable from any event loop ------------------------------------
 
     async def aadd(self, text: Any, *, user_id: str, metadata: Any = None) -> Any:
         """Async :meth:`add`."""
+        return await self._call(self._aadd(text, user_id=user_id, metadata=metadata))
+
+    async def aupdate(self, fact_id: str, text: str, *, user_id: str,
+                      metadata: dict[str, Any] | None = None) -> Fact:
+        """Async :meth:`update`."""
+        return await self._call(self._aupdate(fact_id, text, user_id=user_id,
+                                              metadata=metadata))
+
+    async def adelete(self, fact_id: str, *, user_id: str) -> Fact:
+        """Async :meth:`delete`."""
+        return await self._call(self._adelete(fact_id, user_id=user_id))
+
+    async def adelete_all(self, *, user_id: str) -> int:
+        """Async :meth:`delete_all`."""
+        return await self._call(self._adelete_all(user_id=user_id))
+
+    async def asearch(self, query: str, *, user_id: str, k: int = 10) -> list[ScoredFact]:
+        """Async :meth:`search` (the embedding runs in a worker thread)."""
+        return await self._call(self._asearch(query, user_id=user_id, k=k))
+
+    async def _call(self, coro: Any) -> Any:
+        return await self._engine.runtime.call(coro)
+
+    # -- the same on the engine loop --------------------------------------------------------
+
+    async def _aadd(self, text: Any, *, user_id: str, metadata: Any = None) -> Any:
         texts = [text] if isinstance(text, str) else self.store.check_texts(text)
         for item in texts:
             self._check_tokens(item)
@@ -80,30 +106,26 @@ class EngineMemory:
         await self.capture(user_id, [added] if isinstance(added, Fact) else added)
         return added
 
-    async def aupdate(self, fact_id: str, text: str, *, user_id: str,
-                      metadata: dict[str, Any] | None = None) -> Fact:
-        """Async :meth:`update`."""
+    async def _aupdate(self, fact_id: str, text: str, *, user_id: str,
+                       metadata: dict[str, Any] | None = None) -> Fact:
         self._check_tokens(text)
         fact = await self._in_thread(self.store.update, fact_id, text, user_id=user_id,
                                      metadata=metadata)
         await self.capture(user_id, [fact])
         return fact
 
-    async def adelete(self, fact_id: str, *, user_id: str) -> Fact:
-        """Async :meth:`delete`."""
+    async def _adelete(self, fact_id: str, *, user_id: str) -> Fact:
         fact = await self._in_thread(self.store.delete, fact_id, user_id=user_id)
         await self.evict(user_id, [fact.id])
         return fact
 
-    async def adelete_all(self, *, user_id: str) -> int:
-        """Async :meth:`delete_all`."""
+    async def _adelete_all(self, *, user_id: str) -> int:
         facts = await self._in_thread(self.store.list, user_id=user_id)
         count = await self._in_thread(self.store.delete_all, user_id=user_id)
         await self.evict(user_id, [fact.id for fact in facts])
         return count
 
-    async def asearch(self, query: str, *, user_id: str, k: int = 10) -> list[ScoredFact]:
-        """Async :meth:`search` (the embedding runs in a worker thread)."""
+    async def _asearch(self, query: str, *, user_id: str, k: int = 10) -> list[ScoredFact]:
         return await self._in_thread(self.store.search, query, user_id=user_id, k=k)
 
     @staticmethod

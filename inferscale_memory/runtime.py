@@ -23,11 +23,12 @@ from typing import Any, TypeVar
 
 from inferscale_memory.config import MemoryConfig
 from inferscale_memory.connector.params import PARAMS_KEY, RequestParams, cache_salt
-from inferscale_memory.errors import EngineError
+from inferscale_memory.errors import EngineClosedError, EngineError
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 MAX_DEFAULT_CONTEXT = 8192
+_DONE = object()
 
 
 @dataclass
@@ -66,6 +67,7 @@ class VllmRuntime:
                                         name="inferscale-engine-loop", daemon=True)
         self._thread.start()
         self._closed = False
+        self._pending: set[Future[Any]] = set()  # sync callers' waits, failed at close
         try:
             self._llm = self.run(self._start())
         except Exception as exc:
@@ -105,13 +107,55 @@ class VllmRuntime:
     def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
         """Run ``coro`` on the engine loop and wait for its result (from any other thread)."""
         if threading.current_thread() is self._thread:
+            coro.close()
             raise RuntimeError("VllmRuntime.run called from the engine loop; await instead")
-        future: Future[T] = asyncio.run_coroutine_threadsafe(coro, self._loop)
-        return future.result(timeout)
+        return self.submit(coro).result(timeout)
 
     def submit(self, coro: Coroutine[Any, Any, T]) -> Future[T]:
-        """Schedule ``coro`` on the engine loop without waiting."""
-        return asyncio.run_coroutine_threadsafe(coro, self._loop)
+        """Schedule ``coro`` on the engine loop without waiting.
+
+        Raises:
+            EngineClosedError: The engine was closed (``coro`` is not run); a wait still in
+                progress when it closes fails with it too.
+        """
+        if self._closed:
+            coro.close()
+            raise EngineClosedError("the engine is closed; start a new MemoryEngine")
+        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        self._pending.add(future)
+        future.add_done_callback(self._pending.discard)
+        return future
+
+    async def call(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Await ``coro`` on the engine loop from whatever loop the caller runs on (the
+        engine's own, or an application's: the result wakes that loop up)."""
+        if asyncio.get_running_loop() is self._loop:
+            return await coro
+        return await asyncio.wrap_future(self.submit(coro))
+
+    async def iterate(self, agen: AsyncIterator[T]) -> AsyncIterator[T]:
+        """Iterate an async generator of the engine loop from whatever loop the caller runs
+        on, one item at a time; it is closed on the engine loop if the caller stops early."""
+        if asyncio.get_running_loop() is self._loop:
+            async for item in agen:
+                yield item
+            return
+
+        async def step() -> Any:
+            try:
+                return await agen.__anext__()
+            except StopAsyncIteration:
+                return _DONE
+
+        async def close() -> None:
+            await agen.aclose()  # type: ignore[attr-defined]
+
+        try:
+            while (item := await self.call(step())) is not _DONE:
+                yield item
+        finally:
+            if not self._closed:
+                await self.call(close())
 
     @property
     def block_size(self) -> int:
@@ -192,6 +236,9 @@ class VllmRuntime:
             # runs during interpreter teardown (vLLM 0.32).
             self._llm = None
             self._stop_loop()
+            for future in list(self._pending):  # nothing will finish them now
+                if not future.done():
+                    future.set_exception(EngineClosedError("the engine was closed"))
 
     def _stop_loop(self) -> None:
         self._loop.call_soon_threadsafe(self._loop.stop)

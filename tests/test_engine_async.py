@@ -1,0 +1,71 @@
+"""The engine's async contract: its async API works from any event loop, and a closed
+engine refuses every call at once with a typed error, losing nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_engine import ask
+
+from inferscale_memory import EngineClosedError, MemoryConfig, MemoryEngine, MemoryStore
+from inferscale_memory.embeddings import default_embedder
+
+pytestmark = pytest.mark.engine
+DEADLINE_S = 10.0  # a few-token answer takes well under a second here
+
+
+def on_idle_loop(coro: Coroutine[Any, Any, Any]) -> Any:
+    """Await ``coro`` on a new event loop of this thread that nothing else wakes up (an
+    application's own loop: FastAPI, Jupyter, an async agent), with a deadline."""
+    return asyncio.run(asyncio.wait_for(coro, DEADLINE_S))
+
+
+def test_async_api_answers_on_a_foreign_idle_loop(engine: MemoryEngine) -> None:
+    user = "foreign-loop"
+    added = on_idle_loop(engine.memory.aadd("Zoe keeps bees in Bristol.", user_id=user))
+    found = on_idle_loop(engine.memory.asearch("Who keeps bees?", user_id=user, k=1))
+    assert [s.fact.id for s in found] == [added.id]
+    question = ask("Where does Zoe keep her bees?")
+    reply = on_idle_loop(engine.achat(question, user_id=user, k=1, max_tokens=6))
+    assert reply.metrics.fact_ids == [added.id] and reply.metrics.injected_tokens > 0
+
+    async def stream() -> list[Any]:
+        return [chunk async for chunk in engine.astream_chat(question, user_id=user, k=1,
+                                                             max_tokens=6)]
+
+    chunks = on_idle_loop(stream())
+    assert chunks[-1].result is not None
+    assert chunks[-1].result.token_ids == reply.token_ids
+    assert "".join(chunk.text for chunk in chunks) == reply.text
+    on_idle_loop(engine.memory.adelete(added.id, user_id=user))
+    assert engine.memory.list(user_id=user) == []
+
+
+def test_a_closed_engine_refuses_every_call_at_once(tmp_path: Path) -> None:
+    path = tmp_path / "memory.sqlite"
+    with MemoryEngine(store_path=str(path), kv_cache_gb=1, max_model_len=1024) as engine:
+        fact = engine.memory.add("Ada sails on Sundays.", user_id="closed")
+    question = ask("When does Ada sail?")
+    calls = {
+        "chat": lambda: engine.chat(question, user_id="closed", max_tokens=4),
+        "stream_chat": lambda: list(engine.stream_chat(question, user_id="closed")),
+        "add": lambda: engine.memory.add("Ada sails far.", user_id="closed"),
+        "delete": lambda: engine.memory.delete(fact.id, user_id="closed"),
+        "achat": lambda: on_idle_loop(engine.achat(question, user_id="closed")),
+        "aadd": lambda: on_idle_loop(engine.memory.aadd("Ada sails far.", user_id="closed")),
+    }
+    for name, call in calls.items():
+        start = time.monotonic()
+        with pytest.raises(EngineClosedError, match="closed"):
+            call()
+        assert time.monotonic() - start < 2, name
+    engine.close()  # idempotent
+    # Nothing was lost or half-done: the store holds the one fact, unchanged.
+    config = MemoryConfig.load(store_path=str(path))
+    with MemoryStore.from_config(config, default_embedder(config.embedder)) as store:
+        assert [(f.id, f.text) for f in store.list(user_id="closed")] == [(fact.id, fact.text)]
