@@ -89,6 +89,9 @@ class MemoryEngine:
                 default ``config.fact_order``.
             recompute_tail: Facts at the end of the memory span that vLLM computes from
                 text instead of injecting (``kv`` mode); default ``config.recompute_tail``.
+            tenant: Who asks, when not ``user_id`` (e.g. a tenant answered without
+                memory): vLLM's prefix cache is shared only within a tenant. Default
+                ``user_id``; with neither, one shared anonymous tenant.
             **options: ``max_tokens``, ``temperature``, ``stop``, ``logprobs``, ``seed``,
                 ``ignore_eos`` (generate exactly ``max_tokens``, for benchmarks).
         """
@@ -131,6 +134,7 @@ class MemoryEngine:
                             user_id: str | None = None, k: int | None = None,
                             mode: str = "kv", facts: Sequence[Fact | ScoredFact] | None = None,
                             fact_order: str | None = None, recompute_tail: int | None = None,
+                            tenant: str | None = None,
                             **options: Any) -> AsyncIterator[ChatChunk]:
         """:meth:`astream_chat` on the engine loop. ``facts`` must belong to ``user_id``."""
         start = time.perf_counter()
@@ -149,8 +153,9 @@ class MemoryEngine:
         every = tail > 0 and tail == len(layout.fact_spans)
         params = self._inject_params(layout, user_id, tail) if mode == "kv" and not every \
             else None
-        async for delta in self.runtime.stream(layout.token_ids, max_tokens=max_tokens,
-                                               params=params, salted=True, **options):
+        async for delta in self.runtime.stream(
+                layout.token_ids, max_tokens=max_tokens, params=params,
+                tenant=user_id if tenant is None else tenant, **options):
             if delta.completion is None:
                 yield ChatChunk(delta.text)
                 continue

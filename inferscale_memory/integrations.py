@@ -57,7 +57,7 @@ async def achat_or_plain(engine: MemoryEngine, request: dict[str, Any],
     try:
         return await on_engine(engine, answer(request))
     except UnknownUserError:
-        return await on_engine(engine, answer({**request, "user_id": None}))
+        return await on_engine(engine, answer(_without_memory(request)))
 
 
 def stream_or_plain(engine: MemoryEngine, request: dict[str, Any]) -> Iterator[ChatChunk]:
@@ -71,7 +71,7 @@ def stream_or_plain(engine: MemoryEngine, request: dict[str, Any]) -> Iterator[C
     except UnknownUserError:
         if started:
             raise
-        yield from engine.stream_chat(**{**request, "user_id": None})
+        yield from engine.stream_chat(**_without_memory(request))
 
 
 async def astream_or_plain(engine: MemoryEngine,
@@ -85,5 +85,10 @@ async def astream_or_plain(engine: MemoryEngine,
     except UnknownUserError:
         if started:
             raise
-        async for piece in engine.astream_chat(**{**request, "user_id": None}):
+        async for piece in engine.astream_chat(**_without_memory(request)):
             yield piece
+
+
+def _without_memory(request: dict[str, Any]) -> dict[str, Any]:
+    """``request`` answered without memory, still as its user's (prefix-cache isolation)."""
+    return {**request, "user_id": None, "tenant": request.get("user_id")}

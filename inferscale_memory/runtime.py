@@ -169,10 +169,14 @@ class VllmRuntime:
     # -- requests ------------------------------------------------------------------------
 
     async def stream(self, token_ids: list[int], *, max_tokens: int, temperature: float = 0.0,
-                     params: RequestParams | None = None, salted: bool = False,
+                     params: RequestParams | None = None, tenant: str | None = None,
                      stop: list[str] | None = None, logprobs: int | None = None,
                      seed: int | None = None, ignore_eos: bool = False) -> AsyncIterator[Delta]:
-        """Generate from ``token_ids``; yield text deltas, then the :class:`Completion`."""
+        """Generate from ``token_ids``; yield text deltas, then the :class:`Completion`.
+
+        Every request that reaches vLLM is built here, with the prefix-cache salt of
+        :func:`request_salt` (``tenant``: who asks, for a request without ``params``).
+        """
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
@@ -181,9 +185,8 @@ class VllmRuntime:
                                   logprobs=logprobs, seed=seed, extra_args=extra,
                                   ignore_eos=ignore_eos, detokenize=self.detokenize,
                                   output_kind=RequestOutputKind.DELTA)
-        prompt: dict[str, Any] = {"prompt_token_ids": list(token_ids)}
-        if salted and params is not None:
-            prompt["cache_salt"] = cache_salt(params.tenant, params.layout)
+        prompt: dict[str, Any] = {"prompt_token_ids": list(token_ids),
+                                  "cache_salt": request_salt(tenant, params)}
         done = Completion(logprobs=[] if logprobs else None)
         start = time.perf_counter()
         request_id = f"ism-{next(self._ids)}"
@@ -243,6 +246,24 @@ class VllmRuntime:
     def _stop_loop(self) -> None:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10)
+
+
+def request_salt(tenant: str | None, params: RequestParams | None) -> str:
+    """The prefix-cache salt of a request: vLLM shares cached blocks only between requests
+    with the same salt, so every request names its tenant, and its kind.
+
+    - A request that injects facts: its tenant and prompt layout (the connector checks it).
+      Injected (approximate) blocks are reused only by such requests of that tenant.
+    - A capture or evict request: its tenant, as ``capture``. Its exact blocks hold the
+      tenant's fact text and are reused only by the tenant's other captures.
+    - A plain prompt (the text path, memory off): ``tenant``, or ``""`` (one shared
+      anonymous tenant) when the request names none.
+    """
+    if params is None:
+        return cache_salt(tenant or "", "text")
+    if params.inject:
+        return cache_salt(params.tenant, params.layout)
+    return cache_salt(params.tenant, f"capture:{params.layout}")
 
 
 def _cuda_initialized() -> bool:

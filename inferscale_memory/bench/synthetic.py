@@ -166,7 +166,7 @@ class SyntheticWorkload:
                   **kwargs: Any) -> Completion:
         params = prompt.inject if mode == "kv" else None
         return await self.runtime.complete(prompt.token_ids, max_tokens=max_tokens,
-                                           params=params, salted=True, **kwargs)
+                                           params=params, tenant=TENANT, **kwargs)
 
 
 class LoadLog:

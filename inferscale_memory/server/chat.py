@@ -77,7 +77,7 @@ class _Call:
         self.messages = [{"role": "system" if m.role == "developer" else m.role,
                           "content": m.text()} for m in body.messages]
         kwargs: dict[str, Any] = {
-            "user_id": memory_user, "k": options.k,
+            "user_id": memory_user, "tenant": user, "k": options.k,
             "mode": "text" if self.mode == "off" else self.mode,
             "fact_order": options.fact_order, "recompute_tail": options.recompute_tail,
             "max_tokens": body.max_completion_tokens or body.max_tokens,
