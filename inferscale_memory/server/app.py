@@ -54,7 +54,9 @@ def create_app(engine: MemoryEngine, api_keys: ApiKeys | Mapping[str, Any] | Non
         The FastAPI app (serve it with :func:`~inferscale_memory.server.run.start_server`).
     """
     keys = api_keys if api_keys is None or isinstance(api_keys, ApiKeys) else ApiKeys(api_keys)
-    app = FastAPI(title="inferscale-memory", version=__version__, description=DESCRIPTION)
+    # No redirects: "/v1/memories/" (an empty fact id) must never land on another route.
+    app = FastAPI(title="inferscale-memory", version=__version__, description=DESCRIPTION,
+                  redirect_slashes=False)
     metrics = ServerMetrics(engine, refresh_s=metrics_refresh_s)
     app.state.context = ServerContext(engine, metrics, model_name or engine.model_path.name)
     install_handlers(app)

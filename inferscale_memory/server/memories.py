@@ -12,6 +12,7 @@ from typing import Any
 
 from fastapi import APIRouter, Query, Request
 
+from inferscale_memory.errors import InvalidInputError
 from inferscale_memory.server.context import context, in_thread, tenant
 from inferscale_memory.server.errors import ErrorResponseDoc
 from inferscale_memory.server.memory_schemas import (
@@ -29,6 +30,8 @@ from inferscale_memory.server.memory_schemas import (
 logger = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1/memories", tags=["memories"], responses=ErrorResponseDoc)
 UserQuery = Query(None, description="The tenant (or the X-Memory-User header)")
+AllQuery = Query(False, alias="all",
+                 description="Must be true: delete-all is never the default of a request")
 
 
 def _user(request: Request, explicit: str | None) -> str:
@@ -61,10 +64,15 @@ async def list_memories(request: Request, user_id: str | None = UserQuery) -> Me
 
 
 @router.delete("", response_model=MemoriesDeleted)
-async def delete_all_memories(request: Request,
-                              user_id: str | None = UserQuery) -> MemoriesDeleted:
-    """Delete every fact of the user; their KV is evicted."""
+async def delete_all_memories(request: Request, user_id: str | None = UserQuery,
+                              everything: bool = AllQuery) -> MemoriesDeleted:
+    """Delete every fact of the user (only with ``all=true``); their KV is evicted."""
     user = _user(request, user_id)
+    if not everything:
+        raise InvalidInputError(
+            "deleting all of a user's memories needs all=true "
+            "(DELETE /v1/memories?user_id=...&all=true); to delete one memory, "
+            "DELETE /v1/memories/{memory_id}")
     count = await context(request).engine.memory.adelete_all(user_id=user)
     _count(request, "delete_all")
     return MemoriesDeleted(user_id=user, deleted=count)

@@ -150,7 +150,7 @@ def test_memories_lifecycle(server: ServerHandle) -> None:
         assert_openai_error(client.get(f"/memories/{ids[0]}", params={"user_id": user}), 404,
                             "memory_not_found")
         assert_openai_error(client.delete(f"/memories/{ids[0]}", params={"user_id": user}), 404)
-        wiped = client.delete("/memories", params={"user_id": user}).json()
+        wiped = client.delete("/memories", params={"user_id": user, "all": True}).json()
         assert wiped == {"object": "memory.deleted_all", "user_id": user, "deleted": 2}
         assert client.get("/memories", params={"user_id": user}).json()["data"] == []
         assert_openai_error(client.get("/memories", params={"user_id": "srv-nobody"}), 404,

@@ -70,7 +70,7 @@ def test_a_key_bound_to_a_tenant_cannot_touch_another(server: ServerHandle, mode
             client.post("/memories", json={"user_id": TENANT_B, "text": "Injected."}),
             client.post("/memories/search", json={"user_id": TENANT_B, "query": "vault"}),
             client.get(f"/memories/{secret['id']}", params={"user_id": TENANT_B}),
-            client.delete("/memories", params={"user_id": TENANT_B}),
+            client.delete("/memories", params={"user_id": TENANT_B, "all": True}),
             client.get("/memories", headers={"X-Memory-User": TENANT_B}),
             client.post(
                 "/chat/completions", json={"model": model, "user": TENANT_B, "messages": ask("Hi")}
