@@ -52,7 +52,11 @@ async def achat_or_plain(engine: MemoryEngine, request: dict[str, Any],
     facts yet gets none."""
 
     async def answer(options: dict[str, Any]) -> ChatResult:
-        return await asyncio.wait_for(engine.achat(**options), timeout)
+        try:
+            return await asyncio.wait_for(engine.achat(**options), timeout)
+        except TimeoutError:
+            raise TimeoutError(f"no answer within {timeout} s (the model's timeout); the "
+                               "request was cancelled") from None
 
     try:
         return await on_engine(engine, answer(request))

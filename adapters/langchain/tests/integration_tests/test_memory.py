@@ -104,3 +104,11 @@ def test_agent_run_config_names_the_user(engine: MemoryEngine) -> None:
         state = agent.invoke({"messages": [("user", question)]}, config)
     assert len(state["messages"]) == 4  # the checkpointer kept the thread
     assert memory_of(state["messages"][-1])["fact_ids"] == [fact.id]
+
+
+def test_a_timeout_says_what_ran_out(engine: MemoryEngine) -> None:
+    engine.memory.add("Otto rows on the lake at dawn.", user_id="lc-timeout")
+    model = ChatInferScale(engine=engine, user_id="lc-timeout", max_tokens=64,
+                           timeout=0.001)
+    with pytest.raises(TimeoutError, match=r"no answer within 0.001 s"):
+        model.invoke("When does Otto row?")
