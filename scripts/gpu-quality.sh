@@ -9,14 +9,16 @@
 #   bash scripts/gpu-quality.sh model DIR    convert the model bundle in DIR, in the background
 #   bash scripts/gpu-quality.sh poll [S]     wait up to S seconds (default 240) for the end
 #
-# SETTINGS05 overrides the 0.5B settings (NAME=order,tail,context[,from]); the 1.5B
-# model runs the baseline and the two settings with the smallest worst-k loss on the 0.5B
-# among those whose KV TTFT is at most 0.6x the text path's at every k >= 10.
+# SETTINGS05 overrides the 0.5B settings (NAME=order,tail,context[,from]) and K05 its k;
+# the 1.5B model runs (at K15) the baseline and the two settings with the smallest
+# worst-k loss on the 0.5B among those whose KV TTFT is at most 0.6x the text path's at
+# every k >= 10, or SETTINGS15. SEQUENTIAL: questions per conversation in the TTFT sample;
+# SYNTHETIC=0 skips `bench synthetic`.
 set -u
 Q=/tmp/quality
 DATA=.bundle/data/locomo-dev.json
 : "${SETTINGS05:=base=rank,0,0 t4=rank,4,0 c16=rank,0,16 t4c16=rank,4,16 t4c32=rank,4,32 t4n16=rank,4,16,similar}"
-: "${SYNTHETIC_ARGS:=}"
+: "${SYNTHETIC_ARGS:=}" "${K05:=5,10,20,50}" "${K15:=10,50}" "${SETTINGS15:=}" "${SEQUENTIAL:=2}"
 
 log() { echo "[$(date +%T) +$(( $(date +%s) - t0 ))s] $*"; }
 wait_file() { local n=0; while [ ! -e "$1" ] && [ $n -lt "$2" ]; do sleep 2; n=$((n + 2)); done; }
@@ -47,19 +49,20 @@ run)
     wait_file /tmp/model-$size/model.ok 900
     if [ ! -e /tmp/model-$size/model.ok ]; then log "no $size model"; continue; fi
     model=$(cat /tmp/model-$size/model.ok)
-    if [ $size = 0.5b ]; then ks=5,10,20,50; settings=$SETTINGS05; else
-      ks=10,50
+    if [ $size = 0.5b ]; then ks=$K05; settings=$SETTINGS05; else
+      ks=$K15 settings=$SETTINGS15
       # shellcheck disable=SC2086
-      picked=$(python3 scripts/quality_sweep.py --dataset $DATA --out $Q/q0.5b --pick 2 $SETTINGS05)
-      settings="base=rank,0,0 $picked"
+      [ -n "$settings" ] || settings="base=rank,0,0 $(python3 scripts/quality_sweep.py \
+        --dataset $DATA --out $Q/q0.5b --pick 2 $SETTINGS05)"
     fi
     log "sweep $size k=$ks: $settings"
     # shellcheck disable=SC2086
     python3 scripts/quality_sweep.py --model "$model" --dataset $DATA --k $ks \
-      --concurrency 64 --sequential 2 --out $Q/q$size $settings > $Q/sweep-$size.log 2>&1
+      --concurrency 64 --sequential "$SEQUENTIAL" --out $Q/q$size $settings > $Q/sweep-$size.log 2>&1
     log "sweep $size rc=$?"
     grep -a '^|' $Q/sweep-$size.log | sort -u | tail -n 40
   done
+  if [ "${SYNTHETIC:-1}" = 0 ]; then touch $Q/done; exit 0; fi
   log "synthetic"
   timeout 300 python3 -m inferscale_memory.cli bench synthetic --shape llama-3.1-8b \
     --k 0,5,10,20,50,100 --trials 10 --concurrency 64 --output-len 32 --workdir $Q/synthetic \
