@@ -30,6 +30,9 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--api-keys", type=Path, default=None, metavar="FILE",
                        help="JSON {key: [tenants] or \"*\"} (default: $INFERSCALE_API_KEYS)")
+    serve.add_argument("--max-tokens-limit", type=int, default=None, metavar="N",
+                       help="largest max_tokens a chat may ask for (default 4096); 0: only "
+                            "the model's context")
     migrate = commands.add_parser(
         "migrate-index", help="copy a fact store's vectors into a Qdrant collection (idempotent)")
     migrate.add_argument("--to", choices=["qdrant"], required=True, help="the index backend")
@@ -69,7 +72,9 @@ def _run(args: argparse.Namespace) -> int:
     elif args.command == "serve":
         from inferscale_memory.server import serve
 
-        serve(args.model, args.host, args.port, args.api_keys)
+        limit = {} if args.max_tokens_limit is None else {
+            "max_tokens_limit": args.max_tokens_limit or None}
+        serve(args.model, args.host, args.port, args.api_keys, **limit)
     elif args.command == "bench":
         return run_bench(args)
     elif args.command == "migrate-index":

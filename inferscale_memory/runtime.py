@@ -221,6 +221,10 @@ class VllmRuntime:
         completion = await self.complete(token_ids, max_tokens=1, params=params)
         return completion.report
 
+    def unfinished_requests(self) -> int:
+        """Requests vLLM holds now (waiting or generating), captures included."""
+        return int(self._llm.get_num_unfinished_requests())
+
     async def reset_prefix_cache(self) -> None:
         """Forget vLLM's prefix cache (benchmarks and tests use it for fresh prefills)."""
         await self._llm.reset_prefix_cache()

@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse, Response
 from inferscale_memory import __version__
 from inferscale_memory.server import chat, memories
 from inferscale_memory.server.auth import ApiKeys
-from inferscale_memory.server.context import ServerContext, context
+from inferscale_memory.server.context import MAX_TOKENS_LIMIT, ServerContext, context
 from inferscale_memory.server.errors import ErrorResponseDoc, install_handlers
 from inferscale_memory.server.metrics import ServerMetrics
 from inferscale_memory.server.middleware import Authentication, BodyLimit, RequestCounter
@@ -39,7 +39,8 @@ when the server has API keys."""
 
 def create_app(engine: MemoryEngine, api_keys: ApiKeys | Mapping[str, Any] | None = None, *,
                model_name: str | None = None, max_body_bytes: int = MAX_BODY_BYTES,
-               metrics_refresh_s: float = 15.0) -> FastAPI:
+               metrics_refresh_s: float = 15.0,
+               max_tokens_limit: int | None = MAX_TOKENS_LIMIT) -> FastAPI:
     """Build the server's app around ``engine``.
 
     Args:
@@ -49,6 +50,9 @@ def create_app(engine: MemoryEngine, api_keys: ApiKeys | Mapping[str, Any] | Non
         model_name: The model id clients send (default: the model folder's name).
         max_body_bytes: Larger request bodies get a 413.
         metrics_refresh_s: Shortest time between two walks of the store for ``/metrics``.
+        max_tokens_limit: The largest ``max_tokens`` a chat may ask for (larger: a 400),
+            so that one request cannot hold the engine for long; ``None``: only the
+            model's context limits it.
 
     Returns:
         The FastAPI app (serve it with :func:`~inferscale_memory.server.run.start_server`).
@@ -58,11 +62,14 @@ def create_app(engine: MemoryEngine, api_keys: ApiKeys | Mapping[str, Any] | Non
     app = FastAPI(title="inferscale-memory", version=__version__, description=DESCRIPTION,
                   redirect_slashes=False)
     metrics = ServerMetrics(engine, refresh_s=metrics_refresh_s)
-    app.state.context = ServerContext(engine, metrics, model_name or engine.model_path.name)
+    if max_tokens_limit is not None and max_tokens_limit < 1:
+        raise ValueError(f"max_tokens_limit must be >= 1 or None; got {max_tokens_limit}")
+    app.state.context = ServerContext(engine, metrics, model_name or engine.model_path.name,
+                                      max_tokens_limit)
     install_handlers(app)
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)  # type: ignore[arg-type]
     app.add_middleware(Authentication, keys=keys)  # type: ignore[arg-type]
-    app.add_middleware(RequestCounter, metrics=metrics)  # type: ignore[arg-type]
+    app.add_middleware(RequestCounter, metrics=metrics, router=app.router)  # type: ignore[arg-type]
     app.include_router(chat.router)
     app.include_router(memories.router)
     _add_service_routes(app)

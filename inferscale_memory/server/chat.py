@@ -7,10 +7,11 @@ request errors (bad messages, context too long) still get a proper status code.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -18,7 +19,12 @@ from fastapi.responses import StreamingResponse
 
 from inferscale_memory.results import ChatChunk, ChatResult
 from inferscale_memory.server.context import ServerContext, context, in_thread, tenant
-from inferscale_memory.server.errors import APIError, ErrorResponseDoc, sse_error
+from inferscale_memory.server.errors import (
+    APIError,
+    ClientDisconnected,
+    ErrorResponseDoc,
+    sse_error,
+)
 from inferscale_memory.server.schemas import (
     AssistantMessage,
     ChatCompletion,
@@ -48,10 +54,12 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
     """Answer a conversation, with the ``user``'s facts injected as KV (``memory.mode``)."""
     ctx = context(request)
     ctx.check_model(body.model)
+    ctx.check_max_tokens(body.max_tokens, "max_tokens")
+    ctx.check_max_tokens(body.max_completion_tokens, "max_completion_tokens")
     call = await _Call.prepare(ctx, body, tenant(request, body.user, required=False))
     if body.stream:
         return await call.stream(body)
-    result = await ctx.engine.achat(call.messages, **call.kwargs)
+    result = await _unless_gone(request, ctx.engine.achat(call.messages, **call.kwargs))
     call.observe(result)
     return ChatCompletion(
         id=call.id, created=call.created, model=ctx.model_name,
@@ -59,6 +67,29 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
                         finish_reason=result.finish_reason,
                         logprobs=call.logprobs(result))],
         usage=_usage(result), memory=call.report(result))
+
+
+async def _unless_gone(request: Request, answer: Coroutine[Any, Any, ChatResult]) -> ChatResult:
+    """Await ``answer``, cancelling it (vLLM aborts the request) if the client disconnects
+    first: nobody would read it, and it would hold the engine up to ``max_tokens``."""
+    task = asyncio.ensure_future(answer)
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait((task, gone), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not task.done():
+            task.cancel()
+    if task.cancelled():
+        raise ClientDisconnected
+    return task.result()
+
+
+async def _disconnected(request: Request) -> None:
+    """Return when the client has gone away (the body is read: only ``http.disconnect``
+    can come)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 class _Call:
@@ -81,7 +112,7 @@ class _Call:
             "mode": "text" if self.mode == "off" else self.mode,
             "fact_order": options.fact_order, "recompute_tail": options.recompute_tail,
             "max_tokens": body.max_completion_tokens or body.max_tokens,
-            "stop": body.stop_list(), "seed": body.seed,
+            "stop": body.stop_list(), "seed": body.seed, "ignore_eos": body.ignore_eos or None,
             "logprobs": max(1, self.top_logprobs) if self.top_logprobs is not None else None,
         }
         if body.temperature is not None:

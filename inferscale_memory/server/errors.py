@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -78,6 +79,15 @@ class APIError(Exception):
         return JSONResponse(self.body(), status_code=self.status, headers=headers)
 
 
+class ClientDisconnected(APIError):
+    """The client went away before its answer was ready: counted as nginx's 499 (not a
+    server error); nobody reads the body."""
+
+    def __init__(self) -> None:
+        super().__init__(499, "the client closed the connection before the answer",
+                         code="client_closed_request")
+
+
 def error_body(message: str, type: str, param: str | None = None,
                code: str | None = None) -> dict[str, Any]:
     """An OpenAI-style error body."""
@@ -109,7 +119,13 @@ def _validation_error(exc: RequestValidationError) -> APIError:
         reason = (first.get("ctx") or {}).get("error", "malformed JSON")
         return APIError(400, f"the request body is not valid JSON: {reason}",
                         code="invalid_json")
-    loc = [str(part) for part in first.get("loc", ()) if part not in ("body", "query", "path")]
+    loc = tuple(first.get("loc", ()))
+    # A union's members each add an error under the field (`text.str`, `text.list[str]`):
+    # the field is what the client got wrong.
+    related = [tuple(e.get("loc", ())) for e in errors if tuple(e.get("loc", ()))[:2] == loc[:2]]
+    if len(related) > 1:
+        loc = loc[:len(os.path.commonprefix(related))]
+    loc = [str(part) for part in loc if part not in ("body", "query", "path")]
     param = ".".join(loc) or None
     message = first.get("msg", "invalid request")
     if param:

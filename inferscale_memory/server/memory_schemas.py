@@ -50,7 +50,7 @@ class AddMemoriesRequest(BaseModel):
     Each fact's KV is captured before the response.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     user_id: str | None = None
     text: FactText | Annotated[list[FactText], Field(min_length=1, max_length=MAX_BATCH)]
@@ -60,7 +60,7 @@ class AddMemoriesRequest(BaseModel):
 class SearchMemoriesRequest(BaseModel):
     """``POST /v1/memories/search``: the user's ``k`` facts closest to ``query``."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     user_id: str | None = None
     query: str = Field(min_length=1, max_length=65536)
@@ -71,7 +71,7 @@ class UpdateMemoryRequest(BaseModel):
     """``PUT /v1/memories/{memory_id}``: new text (its KV is recaptured); ``metadata``
     ``null`` keeps the old metadata."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     user_id: str | None = None
     text: FactText

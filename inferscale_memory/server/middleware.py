@@ -6,10 +6,13 @@ answer in OpenAI's error format.
 
 from __future__ import annotations
 
+import codecs
 import json
 import logging
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
+
+from starlette.routing import Match, Router
 
 from inferscale_memory.server.auth import ANONYMOUS, ApiKeys
 from inferscale_memory.server.errors import APIError
@@ -22,6 +25,7 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 PROTECTED_PREFIX = "/v1"
+CLIENT_CLOSED = 499  # nginx's status for a client that went away before the response
 
 
 async def send_error(send: Send, error: APIError) -> None:
@@ -38,20 +42,26 @@ async def send_error(send: Send, error: APIError) -> None:
 class RequestCounter:
     """Counts HTTP requests by route template, method and status code.
 
+    A request answered before routing (a 401, a 413) is counted under the route its path
+    matches; one whose client went away before any response (mid-upload) as 499, not as
+    a server error; an exception that escapes the app as 500.
+
     Args:
         app: The wrapped ASGI app.
         metrics: Where the counter lives.
+        router: The app's router (its routes name the requests).
     """
 
-    def __init__(self, app: ASGIApp, metrics: ServerMetrics) -> None:
+    def __init__(self, app: ASGIApp, metrics: ServerMetrics, router: Router) -> None:
         self.app = app
         self.metrics = metrics
+        self.router = router
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        status = [500]  # what an exception that escapes the app becomes
+        status: list[int | None] = [None]
 
         async def send_status(message: Message) -> None:
             if message["type"] == "http.response.start":
@@ -60,9 +70,22 @@ class RequestCounter:
 
         try:
             await self.app(scope, receive, send_status)
+        except BaseException:
+            status[0] = status[0] or 500
+            raise
         finally:
-            route = getattr(scope.get("route"), "path", None) or "unmatched"
-            self.metrics.requests.labels(route, scope["method"], str(status[0])).inc()
+            code = str(status[0] or CLIENT_CLOSED)
+            self.metrics.requests.labels(self._route(scope), scope["method"], code).inc()
+
+    def _route(self, scope: Scope) -> str:
+        """The template of the route that served (or would serve) the request."""
+        route = getattr(scope.get("route"), "path", None)
+        if route is not None:
+            return str(route)
+        for candidate in self.router.routes:
+            if candidate.matches(scope)[0] != Match.NONE:
+                return str(getattr(candidate, "path", "unmatched"))
+        return "unmatched"
 
 
 class Authentication:
@@ -99,7 +122,8 @@ class Authentication:
 
 
 class BodyLimit:
-    """Rejects request bodies over ``max_bytes`` with a 413, then replays accepted ones.
+    """Rejects request bodies over ``max_bytes`` with a 413 and bodies that start with a
+    byte order mark with a 400 (JSON must not have one: RFC 8259), then replays the rest.
 
     An oversized body is read and discarded (up to ``drain_bytes``) before the 413 is
     sent, so that clients that send the whole body before reading still see the answer.
@@ -139,7 +163,13 @@ class BodyLimit:
             logger.info("rejected a body of %d+ bytes on %s", size, scope.get("path"))
             await send_error(send, self._too_large())
             return
-        await self.app(scope, _replay(b"".join(chunks), receive), send)
+        body = b"".join(chunks)
+        if body.startswith(codecs.BOM_UTF8):
+            await send_error(send, APIError(
+                400, "the request body starts with a UTF-8 byte order mark; send the JSON "
+                "without it", code="invalid_json"))
+            return
+        await self.app(scope, _replay(body, receive), send)
 
     def _too_large(self) -> APIError:
         return APIError(413, f"the request body exceeds {self.max_bytes} bytes",

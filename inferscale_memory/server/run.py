@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import uvicorn
 
 from inferscale_memory.errors import EngineError
+from inferscale_memory.server.context import MAX_TOKENS_LIMIT
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -125,7 +126,8 @@ def start_server(app: FastAPI, engine: MemoryEngine, host: str = LOCALHOST, port
 
 
 def serve(model: str | None = None, host: str | None = None, port: int = 8000,
-          api_keys_path: Path | None = None, **engine_options: Any) -> None:
+          api_keys_path: Path | None = None, *, max_tokens_limit: int | None = MAX_TOKENS_LIMIT,
+          **engine_options: Any) -> None:
     """The ``serve`` command: build the engine, serve until a signal, shut down cleanly.
 
     Without API keys (``api_keys_path`` or ``$INFERSCALE_API_KEYS``) the server warns and
@@ -146,7 +148,8 @@ def serve(model: str | None = None, host: str | None = None, port: int = 8000,
                        "every local client may read and write every user's memory")
     engine = MemoryEngine(model, **engine_options)
     try:
-        handle = start_server(create_app(engine, keys), engine, host, port)
+        app = create_app(engine, keys, max_tokens_limit=max_tokens_limit)
+        handle = start_server(app, engine, host, port)
         print(f"inferscale-memory serving {engine.model_path.name} on {handle.url}/v1",
               flush=True)
         signalled = threading.Event()

@@ -2,9 +2,11 @@
 
 Requests accept and ignore OpenAI parameters the server does not use (``top_p``,
 ``presence_penalty``, ...) but reject ones whose silent omission would change the answer's
-meaning (``tools``, ``n`` > 1). The memory extensions are ``memory`` in the request
-(:class:`MemoryOptions`) and ``memory`` in the response (:class:`MemoryReport`), plus
-``injected_tokens`` and ``computed_prompt_tokens`` in ``usage``.
+meaning (``tools``, ``n`` > 1). Validation is strict: no string or boolean is coerced to
+another type (``"stream": "yes"`` and ``"k": true`` are 400s). The memory extensions are
+``memory`` in the request (:class:`MemoryOptions`) and ``memory`` in the response
+(:class:`MemoryReport`), plus ``injected_tokens`` and ``computed_prompt_tokens`` in
+``usage``.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ class ErrorResponse(BaseModel):
 class TextPart(BaseModel):
     """A text content part (the only kind supported)."""
 
+    model_config = ConfigDict(strict=True)
+
     type: Literal["text"]
     text: str
 
@@ -44,7 +48,7 @@ class TextPart(BaseModel):
 class ChatMessage(BaseModel):
     """One message of the conversation (``developer`` is treated as ``system``)."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
 
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[TextPart]
@@ -70,7 +74,7 @@ class MemoryOptions(BaseModel):
             injected (they attend to the facts before them); default: the engine's.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     k: int | None = Field(None, ge=1, le=MAX_K)
     mode: Literal["kv", "text", "off"] = "kv"
@@ -81,13 +85,15 @@ class MemoryOptions(BaseModel):
 class StreamOptions(BaseModel):
     """``stream_options``: ``include_usage`` adds a last chunk with the usage."""
 
+    model_config = ConfigDict(strict=True)
+
     include_usage: bool = False
 
 
 class ChatCompletionRequest(BaseModel):
     """``POST /v1/chat/completions``."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
 
     model: str = Field(max_length=512)
     messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
@@ -98,6 +104,8 @@ class ChatCompletionRequest(BaseModel):
     seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
+    ignore_eos: bool = Field(False, description="vLLM's extension: generate max_tokens "
+                             "tokens, past the end-of-sequence token")
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int = Field(1, ge=1, le=1, description="Only 1 is supported")

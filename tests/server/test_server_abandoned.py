@@ -1,0 +1,103 @@
+"""A chat whose client goes away is aborted in vLLM, streamed or not, and ``max_tokens``
+is capped by the server's limit (issue: six clients that gave up after 1 s kept the engine
+generating 18,000 tokens, and every other chat waited)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import httpx
+import pytest
+from server_helpers import ask, assert_openai_error, http
+
+if TYPE_CHECKING:
+    from inferscale_memory import MemoryEngine
+    from inferscale_memory.server import ServerHandle
+
+pytestmark = pytest.mark.engine
+
+LONG = 3000  # tokens: about a minute of generation on a 2-core CPU
+
+
+def wait_until(condition: Callable[[], bool], seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return condition()
+
+
+def give_up_after_the_first_tokens(server: ServerHandle, body: dict, engine: MemoryEngine,
+                                   stream: bool) -> None:
+    """Send ``body`` and drop the connection once the engine is generating it."""
+    client = http(server)
+    running = threading.Event()
+
+    def watch() -> None:
+        if wait_until(lambda: engine.runtime.unfinished_requests() > 0, 30):
+            running.set()
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        if stream:
+            with client.stream("POST", "/chat/completions", json={**body, "stream": True}) as r:
+                assert r.status_code == 200
+                next(r.iter_lines())
+                assert running.wait(30)
+        else:
+            with pytest.raises(httpx.ReadTimeout):
+                client.post("/chat/completions", json=body, timeout=httpx.Timeout(30, read=3))
+            assert running.is_set()
+    finally:
+        client.close()  # the connection goes away with the client
+        watcher.join()
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_a_chat_whose_client_went_away_is_aborted(server: ServerHandle, engine: MemoryEngine,
+                                                  model: str, stream: bool) -> None:
+    assert engine.runtime.unfinished_requests() == 0
+    body = {"model": model, "messages": ask("Count from one to ten thousand."),
+            "max_tokens": LONG, "ignore_eos": True, "memory": {"mode": "off"}}
+    give_up_after_the_first_tokens(server, body, engine, stream)
+    assert wait_until(lambda: engine.runtime.unfinished_requests() == 0, 10), \
+        "the abandoned chat is still generating"
+    with http(server) as client:  # and the server answers the next chat at once
+        reply = client.post("/chat/completions", json={
+            "model": model, "messages": ask("Hi"), "max_tokens": 2})
+    assert reply.status_code == 200, reply.text
+
+
+def test_ignore_eos_generates_max_tokens(server: ServerHandle, model: str) -> None:
+    with http(server) as client:
+        reply = client.post("/chat/completions", json={
+            "model": model, "messages": ask("Say yes."), "max_tokens": 24, "ignore_eos": True,
+            "memory": {"mode": "off"}})
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["usage"]["completion_tokens"] == 24
+    assert reply.json()["choices"][0]["finish_reason"] == "length"
+
+
+def test_max_tokens_over_the_servers_limit_is_400(engine: MemoryEngine, model: str) -> None:
+    from inferscale_memory.server import create_app, start_server
+
+    handle = start_server(create_app(engine, max_tokens_limit=64), engine)
+    try:
+        with http(handle, key=None) as client:
+            for field in ("max_tokens", "max_completion_tokens"):
+                over = client.post("/chat/completions", json={
+                    "model": model, "messages": ask("Hi"), field: 65})
+                assert_openai_error(over, 400)
+                assert over.json()["error"]["param"] == field
+                assert "64" in over.json()["error"]["message"]
+            within = client.post("/chat/completions", json={
+                "model": model, "messages": ask("Hi"), "max_tokens": 64, "ignore_eos": True})
+        assert within.status_code == 200, within.text
+        assert within.json()["usage"]["completion_tokens"] == 64
+    finally:
+        handle.stop(timeout=60)
