@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from inferscale_memory import lifeline
 from inferscale_memory.config import MemoryConfig
 from inferscale_memory.connector.params import PARAMS_KEY, RequestParams, cache_salt
 from inferscale_memory.errors import EngineClosedError, EngineError
@@ -100,6 +101,7 @@ class VllmRuntime:
                  "host_pool_bytes": int(self.config.kv_host_pool_gb * (1 << 30))}),
         )
         args.update(self.config.engine_args)
+        lifeline.mark_owner()  # vLLM's processes end with this one (inferscale_memory.lifeline)
         return AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
 
     # -- running coroutines --------------------------------------------------------------

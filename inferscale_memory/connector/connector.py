@@ -31,6 +31,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorRole,
 )
 
+from inferscale_memory import lifeline
 from inferscale_memory.connector import compat
 from inferscale_memory.connector.plan import StepPlan
 from inferscale_memory.connector.scheduler import SchedulerSide
@@ -50,6 +51,7 @@ class InferScaleConnector(KVConnectorBase_V1):
     def __init__(self, vllm_config: Any, role: KVConnectorRole,
                  kv_cache_config: Any = None) -> None:
         super().__init__(vllm_config, role, kv_cache_config)
+        lifeline.watch_parent()  # this process (engine core, worker) ends with the engine's owner
         self._scheduler = (SchedulerSide(compat.pool_budget_tokens(vllm_config),
                                          compat.host_pool_budget_tokens(vllm_config),
                                          compat.cache_block_size(vllm_config))
