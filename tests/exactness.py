@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from inferscale_memory.bench.synthetic import SyntheticWorkload
+from inferscale_memory.bench.synthetic import TENANT, SyntheticWorkload
 from inferscale_memory.runtime import VllmRuntime
 
 
@@ -17,13 +17,28 @@ def block_workload(runtime: VllmRuntime) -> SyntheticWorkload:
 
 
 async def inject_vs_prefix_cache(work: SyntheticWorkload, max_tokens: int) -> tuple[Any, ...]:
-    """Capture two facts; answer header + fact 0 by a fresh prefill, from vLLM's prefix
-    cache and with the fact injected (``max_tokens`` tokens, top-5 logprobs); then answer
-    facts 1 and 0 (0 moved to a new position) injected. Returns (fresh, warm, kv, moved)."""
-    await work.capture(2)
+    """Capture two facts, one after the other; answer header + fact 0 by a fresh prefill,
+    from vLLM's prefix cache and with the fact injected (``max_tokens`` tokens, top-5
+    logprobs); then answer facts 1 and 0 (0 moved to a new position) injected. Returns
+    (fresh, warm, kv, moved).
+
+    What is bit-exact, on any CPU and on CUDA: the prefix cache that ``warm`` reads was
+    filled by a prefill of exactly header + fact 0, alone in its step: the computation
+    that captured them. ``warm`` and ``kv`` then compute the same question over the same
+    bits. ``fresh`` computed header + fact 0 together with the question, a GEMM of other
+    shapes; whether it matches depends on the CPU's kernels (on an AMD EPYC, vLLM falls
+    back from oneDNN to torch's linear and the last bits differ), so it is only recorded.
+    """
+    # One capture at a time: two concurrent ones share a step or not depending on timing
+    # (on a loaded machine), and vLLM's CPU kernels are not batch invariant.
+    await work.capture(1)
+    await work.capture(1)
     prompt = work.prompt([0])
     await work.runtime.reset_prefix_cache()
     fresh = await work.run(prompt, "text", max_tokens=max_tokens, logprobs=5)
+    await work.runtime.reset_prefix_cache()
+    await work.runtime.complete(work.header + work.facts[0], max_tokens=1,
+                                tenant=TENANT)  # the text path's salt; as captured
     warm = await work.run(prompt, "text", max_tokens=max_tokens, logprobs=5)
     kv = await work.run(prompt, "kv", max_tokens=max_tokens, logprobs=5)
     moved = await work.run(work.prompt([1, 0]), "kv", max_tokens=4)

@@ -141,8 +141,8 @@ class MemoryStore:
     @classmethod
     def _owned(cls, tx: Any, fact_id: str, user_id: str) -> Fact:
         """The fact, if it exists and belongs to ``user_id``; else FactNotFoundError."""
-        fact = tx.get(fact_id)
-        if fact is None or fact.user_id != user_id:
+        fact = tx.get(fact_id, user_id)
+        if fact is None:
             raise cls._not_found(fact_id, user_id)
         return fact
 
@@ -213,8 +213,8 @@ class MemoryStore:
         user_id = _checks.user_id(user_id)
         fact_id = _checks.fact_id(fact_id)
         self._open()
-        fact = self._db.get(fact_id)
-        if fact is None or fact.user_id != user_id:
+        fact = self._db.get(fact_id, user_id)
+        if fact is None:
             raise self._not_found(fact_id, user_id)
         return fact
 

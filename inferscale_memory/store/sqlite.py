@@ -96,10 +96,11 @@ class Tx:
             (fact.id, fact.user_id, event, old, new, at),
         )
 
-    def get(self, fact_id: str) -> Fact | None:
-        """Return the fact with this id, or ``None``."""
+    def get(self, fact_id: str, user_id: str) -> Fact | None:
+        """Return the fact with this id if it is ``user_id``'s, or ``None``: one query
+        that finds no row for an unknown id and for another user's alike."""
         row = self._conn.execute(
-            f"SELECT {_FACT_COLS} FROM facts WHERE id = ?", (fact_id,)
+            f"SELECT {_FACT_COLS} FROM facts WHERE id = ? AND user_id = ?", (fact_id, user_id)
         ).fetchone()
         return None if row is None else _to_fact(row)
 
@@ -231,9 +232,11 @@ class FactDB:
         with self._lock:
             return self._connection().execute(sql, args).fetchall()
 
-    def get(self, fact_id: str) -> Fact | None:
-        """Return the fact with this id (of any user), or ``None``."""
-        rows = self._all(f"SELECT {_FACT_COLS} FROM facts WHERE id = ?", (fact_id,))
+    def get(self, fact_id: str, user_id: str) -> Fact | None:
+        """Return the fact with this id if it is ``user_id``'s, or ``None`` (the same query
+        for an unknown id and another user's)."""
+        rows = self._all(f"SELECT {_FACT_COLS} FROM facts WHERE id = ? AND user_id = ?",
+                         (fact_id, user_id))
         return _to_fact(rows[0]) if rows else None
 
     def get_many(self, user_id: str, ids: Sequence[str]) -> dict[str, Fact]:
