@@ -66,3 +66,18 @@ def test_without_user_or_facts_there_is_no_memory(engine: MemoryEngine) -> None:
     for user in (None, "li-new-user"):
         response = InferScaleLLM(engine=engine, user_id=user, max_tokens=4).chat(ask("Hi"))
         assert memory_of(response)["injected_tokens"] == 0 and response.message.content
+
+
+def test_another_users_identical_prompt_is_not_served_from_the_cache(
+        engine: MemoryEngine) -> None:
+    words = "Li's PIN is 4417, on a card in the blue drawer of the oak desk. " * (
+        2 * engine.runtime.block_size // 20 + 1)
+
+    def cached(user: str) -> int:
+        llm = InferScaleLLM(engine=engine, user_id=user, max_tokens=1)
+        return int(memory_of(llm.chat(ask(f"{words} What is the PIN?")))["cached_tokens"])
+
+    engine.reset_prefix_cache()
+    cached("li-salt-a")
+    assert cached("li-salt-a") > 0  # the user's own repeat
+    assert cached("li-salt-b") == 0  # another user's guess of it

@@ -123,3 +123,20 @@ def test_capture_context_comes_from_mem0s_own_store(memory: Memory, engine: Memo
     engine.drop_kv(user, ids)
     assert mem0_inferscale.warm(memory, user_id=user) == 3
     assert kv_is_missing(engine, user, dict(zip(ids, texts, strict=True))) == []
+
+
+def test_another_users_identical_prompt_is_not_served_from_the_cache(
+        memory: Memory, engine: MemoryEngine) -> None:
+    words = "Mem's PIN is 4417, on a card in the blue drawer of the oak desk. " * (
+        2 * engine.runtime.block_size // 20 + 1)
+
+    def cached(user: str) -> int:
+        result = mem0_inferscale.answer(memory, f"{words} What is the PIN?", user_id=user,
+                                        max_tokens=1)
+        assert result.metrics.fact_ids == []  # no memories
+        return result.metrics.cached_tokens
+
+    engine.reset_prefix_cache()
+    cached("m0-salt-a")
+    assert cached("m0-salt-a") > 0  # the user's own repeat
+    assert cached("m0-salt-b") == 0  # another user's guess of it

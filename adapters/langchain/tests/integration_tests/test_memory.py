@@ -112,3 +112,21 @@ def test_a_timeout_says_what_ran_out(engine: MemoryEngine) -> None:
                            timeout=0.001)
     with pytest.raises(TimeoutError, match=r"no answer within 0.001 s"):
         model.invoke("When does Otto row?")
+
+
+def test_another_users_identical_prompt_is_not_served_from_the_cache(
+        engine: MemoryEngine) -> None:
+    words = "Lang's PIN is 4417, on a card in the blue drawer of the oak desk. " * (
+        2 * engine.runtime.block_size // 20 + 1)
+
+    def cached(user: str) -> int:
+        reply = ChatInferScale(engine=engine, user_id=user, max_tokens=1).invoke(
+            f"{words} What is the PIN?")
+        assert reply.usage_metadata is not None
+        # No facts: nothing injected, so what was read from a cache is vLLM's prefix cache.
+        return int(reply.usage_metadata["input_token_details"]["cache_read"])
+
+    engine.reset_prefix_cache()
+    cached("lc-salt-a")
+    assert cached("lc-salt-a") > 0  # the user's own repeat
+    assert cached("lc-salt-b") == 0  # another user's guess of it
