@@ -54,8 +54,9 @@ class MemoryConfig:
         data_dir: Folder of the default store file.
         k: Facts retrieved per answer when the call does not say.
         max_fact_tokens: Longest fact accepted, in model tokens.
-        max_model_len: Context window given to vLLM; ``None`` takes the model's own
-            (capped at 8192 to keep the CPU engine's memory small).
+        max_model_len: Context window given to vLLM; ``None`` takes the model's own (as
+            vLLM does; its KV cache must hold one whole context: on the CPU,
+            ``kv_cache_gb``).
         max_tokens: Default answer length.
         kv_cache_gb: KV cache of the CPU engine in whole GiB (vLLM's ``VLLM_CPU_KVCACHE_SPACE``).
         kv_pool_gb: Budget of the captured facts' KV on each engine device (outside vLLM's

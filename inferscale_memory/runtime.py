@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import logging
 import os
 import threading
@@ -28,7 +27,6 @@ from inferscale_memory.errors import EngineClosedError, EngineError
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
-MAX_DEFAULT_CONTEXT = 8192
 _DONE = object()
 
 
@@ -60,7 +58,7 @@ class VllmRuntime:
     def __init__(self, model_path: Path, config: MemoryConfig) -> None:
         self.model_path = model_path
         self.config = config
-        self.max_model_len = config.max_model_len or _model_context(model_path)
+        self.max_model_len = config.max_model_len  # None: the model's, read after start
         self.detokenize = not config.engine_args.get("skip_tokenizer_init", False)
         self._ids = itertools.count()
         self._loop = asyncio.new_event_loop()
@@ -74,6 +72,7 @@ class VllmRuntime:
         except Exception as exc:
             self._stop_loop()
             raise EngineError(f"vLLM failed to start with {model_path}: {exc}") from exc
+        self.max_model_len = int(self._llm.vllm_config.model_config.max_model_len)
 
     async def _start(self) -> Any:
         from vllm.engine.arg_utils import AsyncEngineArgs
@@ -83,13 +82,14 @@ class VllmRuntime:
         from inferscale_memory.connector.compat import check_vllm_version
 
         check_vllm_version()
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.config.kv_cache_gb))
+        # Set for every engine: vLLM's CPU workers read it when they start.
+        os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(self.config.kv_cache_gb)
         if _cuda_initialized():
             # A forked engine process cannot use CUDA once this process touched it.
             os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
         args = dict(
             model=str(self.model_path),
-            max_model_len=self.max_model_len,
+            max_model_len=self.max_model_len,  # None: the model's own context
             dtype=self.config.dtype,
             seed=self.config.seed,
             enforce_eager=self.config.enforce_eager,
@@ -276,12 +276,3 @@ def _cuda_initialized() -> bool:
     import torch
 
     return bool(torch.cuda.is_initialized())
-
-
-def _model_context(model_path: Path) -> int:
-    try:
-        config = json.loads((model_path / "config.json").read_text())
-    except (OSError, json.JSONDecodeError):
-        return MAX_DEFAULT_CONTEXT
-    return min(int(config.get("max_position_embeddings", MAX_DEFAULT_CONTEXT)),
-               MAX_DEFAULT_CONTEXT)

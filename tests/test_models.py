@@ -126,13 +126,30 @@ def test_incomplete_folder_is_redone_once_by_concurrent_processes(
 
 
 def test_missing_model_folder_is_an_error(tmp_path: Path) -> None:
-    with pytest.raises(ModelPreparationError, match="never downloaded"):
+    with pytest.raises(ModelPreparationError, match="no such folder"):
         resolve_model(str(tmp_path / "nope"), tmp_path)
-    with pytest.raises(ModelPreparationError, match="never downloaded"):
-        resolve_model("HuggingFaceTB/SmolLM2-135M-Instruct", tmp_path)
+    with pytest.raises(ModelPreparationError, match="no such folder"):
+        resolve_model("./models/nope", tmp_path)
     with pytest.raises(ModelPreparationError, match="config.json"):
         resolve_model(str(tmp_path), tmp_path)
     assert not (tmp_path / "models").exists()
+
+
+@pytest.mark.parametrize("model_id", ["HuggingFaceTB/SmolLM2-135M-Instruct", "gpt2"])
+def test_a_hub_model_id_is_left_to_vllm(tmp_path: Path, model_id: str) -> None:
+    assert resolve_model(model_id, tmp_path) == Path(model_id)
+    assert not (tmp_path / "models").exists()
+
+
+def test_an_unknown_hub_id_fails_in_the_hubs_resolution(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from inferscale_memory import MemoryEngine
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # never download in tests
+    with pytest.raises(Exception) as raised:
+        MemoryEngine(model="inferscale-tests/no-such-model", store_path=str(tmp_path / "s.db"))
+    assert not isinstance(raised.value, ModelPreparationError)  # not refused by us
+    assert "huggingface.co" in str(raised.value)  # the hub's resolution (offline here)
 
 
 def test_user_model_folder_is_returned_as_is(tmp_path: Path) -> None:
