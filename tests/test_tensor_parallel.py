@@ -45,11 +45,8 @@ def test_fact_injected_where_captured_matches_vllms_prefix_cache_tp2(
     if binding is None:
         pytest.skip(f"needs {TP} CPUs, one per tensor-parallel rank")
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", binding)
-    # The runtime only sets this when unset, and it would outlive the test (and size the
-    # session engine's cache if that starts later in this process).
-    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
     runtime = dummy_runtime(write_random_model(tmp_path / "model", "llama-tiny"),
-                            engine_args={"load_format": "safetensors"},
+                            engine_args={"load_format": "safetensors"}, kv_cache_gb=1,
                             max_model_len=1024, enforce_eager=True, tensor_parallel_size=TP)
     try:
         block = runtime.block_size
