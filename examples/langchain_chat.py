@@ -5,6 +5,8 @@ Run: ``python examples/langchain_chat.py`` (after ``scripts/setup.sh test``).
 
 from __future__ import annotations
 
+import tempfile
+
 from langchain_core.output_parsers import StrOutputParser
 from langchain_core.prompts import ChatPromptTemplate
 
@@ -16,9 +18,9 @@ USER = "caroline"
 
 def main() -> None:
     """Answer one question by KV and by text; stream a second one; show the retriever."""
-    with MemoryEngine() as engine:
-        if engine.store.has_user(USER):  # start clean on every run
-            engine.memory.delete_all(user_id=USER)
+    # A store of its own: the example never touches your default store's users.
+    with tempfile.TemporaryDirectory() as folder, \
+            MemoryEngine(store_path=f"{folder}/memory.sqlite") as engine:
         engine.memory.add(["Caroline moved to Berlin in May 2023.",
                            "Caroline's sister is called Ana."], user_id=USER)
         llm = ChatInferScale(engine=engine, max_tokens=48)

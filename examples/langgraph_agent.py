@@ -10,6 +10,8 @@ Run: ``python examples/langgraph_agent.py`` (after ``scripts/setup.sh test``).
 
 from __future__ import annotations
 
+import tempfile
+
 from langchain.agents import create_agent
 from langgraph.checkpoint.memory import InMemorySaver
 
@@ -22,9 +24,9 @@ QUESTIONS = ["Where does Caroline live?", "And what is her job?"]
 
 def main() -> None:
     """Ask two questions in one thread; print each answer and its memory metrics."""
-    with MemoryEngine() as engine:
-        if engine.store.has_user("caroline"):  # start clean on every run
-            engine.memory.delete_all(user_id="caroline")
+    # A store of its own: the example never touches your default store's users.
+    with tempfile.TemporaryDirectory() as folder, \
+            MemoryEngine(store_path=f"{folder}/memory.sqlite") as engine:
         engine.memory.add(FACTS, user_id="caroline")
         agent = create_agent(ChatInferScale(engine=engine, max_tokens=48), tools=[],
                              checkpointer=InMemorySaver())

@@ -8,6 +8,7 @@ Run: ``python examples/llamaindex_chat_engine.py`` (after ``scripts/setup.sh tes
 
 from __future__ import annotations
 
+import tempfile
 from typing import Any
 
 from llama_index.core.chat_engine import SimpleChatEngine
@@ -34,9 +35,9 @@ class ShowMemory(BaseEventHandler):
 
 def main() -> None:
     """Chat two turns with long-term memory; print the answers and what was injected."""
-    with MemoryEngine() as engine:
-        if engine.store.has_user(USER):  # start clean on every run
-            engine.memory.delete_all(user_id=USER)
+    # A store of its own: the example never touches your default store's users.
+    with tempfile.TemporaryDirectory() as folder, \
+            MemoryEngine(store_path=f"{folder}/memory.sqlite") as engine:
         engine.memory.add(["Caroline moved to Berlin in May 2023.",
                            "Caroline works as a nurse."], user_id=USER)
         block = InferScaleMemoryBlock(engine=engine, user_id=USER, k=5)

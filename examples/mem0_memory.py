@@ -19,7 +19,9 @@ USER = "caroline"
 
 def main() -> None:
     """Add, update and delete through Mem0; answer by KV and by text."""
-    with MemoryEngine() as engine, tempfile.TemporaryDirectory() as folder:
+    # Stores of its own (the engine's and Mem0's): the example never touches your data.
+    with tempfile.TemporaryDirectory() as folder, \
+            MemoryEngine(store_path=f"{folder}/memory.sqlite") as engine:
         memory = mem0_inferscale.from_engine(engine, folder=folder)
         added = memory.add([{"role": "user", "content": "Caroline moved to Berlin in 2023."},
                             {"role": "user", "content": "Caroline works as a nurse."}],

@@ -11,20 +11,20 @@ set ``OPENAI_API_KEY`` to a key bound to the user below (or to ``"*"``).
 from __future__ import annotations
 
 import os
+import uuid
 
 import httpx
 from openai import OpenAI
 
 BASE_URL = os.environ.get("INFERSCALE_URL", "http://127.0.0.1:8000/v1")
 API_KEY = os.environ.get("OPENAI_API_KEY", "none")
-USER = "zora"
+USER = f"zora-example-{uuid.uuid4().hex[:8]}"  # a user of its own, deleted at the end
 
 
 def main() -> None:
     """Store a fact through /v1/memories, then ask about it with and without memory."""
     headers = {"Authorization": f"Bearer {API_KEY}"}
     with httpx.Client(base_url=BASE_URL, headers=headers, timeout=120) as http:
-        http.delete("/memories", params={"user_id": USER})  # start clean (404 if new)
         added = http.post("/memories", json={"user_id": USER,
                                              "text": ["Zora's dog is called Pepper.",
                                                       "Zora lives in Lisbon."]})
@@ -50,6 +50,8 @@ def main() -> None:
         if chunk.choices and chunk.choices[0].delta.content:
             print(chunk.choices[0].delta.content, end="", flush=True)
     print()
+    with httpx.Client(base_url=BASE_URL, headers=headers, timeout=120) as http:
+        http.delete("/memories", params={"user_id": USER, "all": "true"}).raise_for_status()
 
 
 if __name__ == "__main__":

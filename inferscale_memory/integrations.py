@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import logging
 import threading
 from collections.abc import AsyncIterator, Coroutine, Iterator
 from typing import Any, TypeVar
@@ -20,6 +21,7 @@ from inferscale_memory.errors import UnknownUserError
 from inferscale_memory.results import ChatChunk, ChatResult
 
 T = TypeVar("T")
+logger = logging.getLogger(__name__)
 _default_engines: dict[str | None, MemoryEngine] = {}
 _lock = threading.Lock()
 
@@ -29,6 +31,11 @@ def default_engine(model: str | None = None) -> MemoryEngine:
     first use and closed at exit."""
     with _lock:
         if model not in _default_engines:
+            logger.warning(
+                "no engine given: starting this process's default engine (model %s, the "
+                "default fact store); this takes minutes and GBs of memory. Pass "
+                "engine=MemoryEngine(...) to choose the model, store and cache size.",
+                model or "embedded default")
             engine = MemoryEngine(model)
             atexit.register(engine.close)
             _default_engines[model] = engine

@@ -62,3 +62,15 @@ def test_ls_params_name_the_provider() -> None:
     params = ChatInferScale(max_tokens=8, stop=["x"])._get_ls_params()
     assert params["ls_provider"] == "inferscale"
     assert params["ls_max_tokens"] == 8 and params["ls_stop"] == ["x"]
+
+
+def test_without_an_engine_the_default_engine_is_announced(
+        caplog: pytest.LogCaptureFixture) -> None:
+    from inferscale_memory import ModelPreparationError
+
+    # A model folder that does not exist: the default engine fails fast after the warning.
+    llm = ChatInferScale(model="./no-such-model-folder")
+    with caplog.at_level("WARNING"), pytest.raises(ModelPreparationError):
+        llm.invoke("Hi")
+    assert any("no engine given" in r.getMessage() and "engine=MemoryEngine" in r.getMessage()
+               for r in caplog.records)
