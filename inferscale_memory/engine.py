@@ -93,6 +93,7 @@ class MemoryEngine:
                 memory): vLLM's prefix cache is shared only within a tenant. Default
                 ``user_id``; with neither, one shared anonymous tenant.
             **options: ``max_tokens``, ``temperature``, ``stop``, ``logprobs``, ``seed``,
+                ``top_p``, ``top_k``, ``presence_penalty``, ``frequency_penalty``,
                 ``ignore_eos`` (generate exactly ``max_tokens``, for benchmarks).
         """
         return self.runtime.run(self._achat(messages, user_id=user_id, k=k, mode=mode,

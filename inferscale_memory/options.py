@@ -14,7 +14,8 @@ from typing import Any
 from inferscale_memory.errors import InvalidInputError
 from inferscale_memory.layout import is_unicode
 
-OPTIONS = ("max_tokens", "temperature", "stop", "seed", "logprobs", "ignore_eos")
+OPTIONS = ("max_tokens", "temperature", "stop", "seed", "logprobs", "ignore_eos", "top_p",
+           "top_k", "presence_penalty", "frequency_penalty")
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # what vLLM's seeded generators accept
 MAX_STOPS = 16
 MAX_STOP_CHARS = 256
@@ -27,7 +28,9 @@ def check_options(options: dict[str, Any], *, default_max_tokens: int,
 
     Args:
         options: Any of ``max_tokens``, ``temperature``, ``stop``, ``seed``, ``logprobs``,
-            ``ignore_eos``; ``None`` means the default.
+            ``ignore_eos``, ``top_p`` (in (0, 1]), ``top_k`` (>= 0; 0: every token),
+            ``presence_penalty`` and ``frequency_penalty`` (in [-2, 2]), as vLLM and
+            OpenAI take them; ``None`` means the default.
         default_max_tokens: ``max_tokens`` when it is absent.
         max_logprobs: The engine's largest ``logprobs``.
 
@@ -57,7 +60,23 @@ def check_options(options: dict[str, Any], *, default_max_tokens: int,
             raise InvalidInputError(
                 f"ignore_eos must be true or false; got {given['ignore_eos']!r:.50}")
         out["ignore_eos"] = given["ignore_eos"]
+    if "top_p" in given:
+        out["top_p"] = _number(given["top_p"], "top_p", 0.0, 1.0, low_open=True)
+    if "top_k" in given:
+        out["top_k"] = _int(given["top_k"], "top_k", 0)
+    for name in ("presence_penalty", "frequency_penalty"):
+        if name in given:
+            out[name] = _number(given[name], name, -2.0, 2.0)
     return out
+
+
+def _number(value: Any, name: str, low: float, high: float, low_open: bool = False) -> float:
+    if (isinstance(value, bool) or not isinstance(value, int | float)
+            or not math.isfinite(value) or not (low < value if low_open else low <= value)
+            or value > high):
+        span = f"({low}, {high}]" if low_open else f"[{low}, {high}]"
+        raise InvalidInputError(f"{name} must be a number in {span}; got {value!r:.50}")
+    return float(value)
 
 
 def _int(value: Any, name: str, low: int, high: int | None = None) -> int:

@@ -173,11 +173,14 @@ class VllmRuntime:
     async def stream(self, token_ids: list[int], *, max_tokens: int, temperature: float = 0.0,
                      params: RequestParams | None = None, tenant: str | None = None,
                      stop: list[str] | None = None, logprobs: int | None = None,
-                     seed: int | None = None, ignore_eos: bool = False) -> AsyncIterator[Delta]:
+                     seed: int | None = None, ignore_eos: bool = False,
+                     **sampling_options: float) -> AsyncIterator[Delta]:
         """Generate from ``token_ids``; yield text deltas, then the :class:`Completion`.
 
         Every request that reaches vLLM is built here, with the prefix-cache salt of
         :func:`request_salt` (``tenant``: who asks, for a request without ``params``).
+        ``sampling_options``: ``top_p``, ``top_k``, ``presence_penalty``,
+        ``frequency_penalty`` (checked by :func:`~inferscale_memory.options.check_options`).
         """
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
@@ -186,7 +189,7 @@ class VllmRuntime:
         sampling = SamplingParams(max_tokens=max_tokens, temperature=temperature, stop=stop,
                                   logprobs=logprobs, seed=seed, extra_args=extra,
                                   ignore_eos=ignore_eos, detokenize=self.detokenize,
-                                  output_kind=RequestOutputKind.DELTA)
+                                  output_kind=RequestOutputKind.DELTA, **sampling_options)
         prompt: dict[str, Any] = {"prompt_token_ids": list(token_ids),
                                   "cache_salt": request_salt(tenant, params)}
         done = Completion(logprobs=[] if logprobs else None)

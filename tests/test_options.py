@@ -35,6 +35,14 @@ def test_defaults_and_normalised_values() -> None:
     assert check(stop=("a", "b"), seed=SEED_MAX, logprobs=20)["stop"] == ["a", "b"]
 
 
+def test_sampling_options() -> None:
+    out = check(top_p=0.9, top_k=40, presence_penalty=-1, frequency_penalty=0.5)
+    assert out == {"max_tokens": 16, "temperature": 0.0, "top_p": 0.9, "top_k": 40,
+                   "presence_penalty": -1.0, "frequency_penalty": 0.5}
+    assert all(type(out[key]) is float for key in ("top_p", "presence_penalty"))
+    assert check(top_p=1, top_k=0)["top_k"] == 0  # 0: every token, as vLLM
+
+
 BAD = [
     {"max_tokens": 0},
     {"max_tokens": -1},
@@ -69,6 +77,17 @@ BAD = [
     {"ignore_eos": "yes"},
     {"kv_transfer_params": {}},
     {"n": 2},
+    {"top_p": 0},
+    {"top_p": 1.5},
+    {"top_p": "0.9"},
+    {"top_p": math.nan},
+    {"top_k": -2},
+    {"top_k": 4.0},
+    {"top_k": True},
+    {"presence_penalty": 2.5},
+    {"frequency_penalty": -3},
+    {"frequency_penalty": "1"},
+    {"logit_bias": {}},
 ]
 
 
@@ -81,7 +100,8 @@ def test_bad_options_are_refused(options: dict[str, Any]) -> None:
 @settings(max_examples=300, derandomize=True, database=None)
 @given(
     st.dictionaries(
-        st.sampled_from(["max_tokens", "temperature", "stop", "seed", "logprobs", "ignore_eos"]),
+        st.sampled_from(["max_tokens", "temperature", "stop", "seed", "logprobs", "ignore_eos",
+                         "top_p", "top_k", "presence_penalty", "frequency_penalty"]),
         st.one_of(
             st.none(),
             st.booleans(),
@@ -103,6 +123,10 @@ def test_accepted_options_have_the_types_vllm_decodes(options: dict[str, Any]) -
     assert type(out.get("seed", 0)) is int and SEED_MIN <= out.get("seed", 0) <= SEED_MAX
     assert type(out.get("logprobs", 0)) is int and 0 <= out.get("logprobs", 0) <= 20
     assert type(out.get("ignore_eos", False)) is bool
+    assert type(out.get("top_p", 1.0)) is float and 0 < out.get("top_p", 1.0) <= 1
+    assert type(out.get("top_k", 0)) is int and out.get("top_k", 0) >= 0
+    for key in ("presence_penalty", "frequency_penalty"):
+        assert type(out.get(key, 0.0)) is float and -2 <= out.get(key, 0.0) <= 2
 
 
 @pytest.mark.parametrize(

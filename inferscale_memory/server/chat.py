@@ -115,8 +115,9 @@ class _Call:
             "stop": body.stop_list(), "seed": body.seed, "ignore_eos": body.ignore_eos or None,
             "logprobs": max(1, self.top_logprobs) if self.top_logprobs is not None else None,
         }
-        if body.temperature is not None:
-            kwargs["temperature"] = body.temperature
+        for name in ("temperature", "top_p", "top_k", "presence_penalty", "frequency_penalty"):
+            if getattr(body, name) is not None:
+                kwargs[name] = getattr(body, name)
         self.kwargs = {key: value for key, value in kwargs.items()
                        if value is not None or key == "user_id"}
 
@@ -126,6 +127,12 @@ class _Call:
         if body.tools or body.functions:
             raise APIError(400, "tools and functions are not supported by this server",
                            param="tools", code="unsupported_parameter")
+        if body.logit_bias:
+            raise APIError(400, "logit_bias is not supported by this server",
+                           param="logit_bias", code="unsupported_parameter")
+        if body.response_format and body.response_format.get("type") != "text":
+            raise APIError(400, "only response_format {\"type\": \"text\"} is supported",
+                           param="response_format", code="unsupported_parameter")
         if body.stream and body.logprobs:
             raise APIError(400, "logprobs are only supported without stream",
                            param="logprobs", code="unsupported_parameter")

@@ -1,12 +1,14 @@
 """Request and response models of the OpenAI-compatible endpoints (chat, models, errors).
 
-Requests accept and ignore OpenAI parameters the server does not use (``top_p``,
-``presence_penalty``, ...) but reject ones whose silent omission would change the answer's
-meaning (``tools``, ``n`` > 1). Validation is strict: no string or boolean is coerced to
-another type (``"stream": "yes"`` and ``"k": true`` are 400s). The memory extensions are
-``memory`` in the request (:class:`MemoryOptions`) and ``memory`` in the response
-(:class:`MemoryReport`), plus ``injected_tokens`` and ``computed_prompt_tokens`` in
-``usage``.
+Requests honour OpenAI's sampling parameters (``temperature``, ``top_p``,
+``presence_penalty``, ``frequency_penalty``, ``seed``, ``stop``, ``max_tokens``; vLLM's
+``top_k`` and ``ignore_eos``), accept and ignore bookkeeping ones (``metadata``, ``store``,
+...) and reject ones whose silent omission would change the answer (``tools``,
+``logit_bias``, a ``response_format`` other than text, ``n`` > 1). Validation is strict:
+no string or boolean is coerced to another type (``"stream": "yes"`` and ``"k": true`` are
+400s). The memory extensions are ``memory`` in the request (:class:`MemoryOptions`) and
+``memory`` in the response (:class:`MemoryReport`), plus ``injected_tokens`` and
+``computed_prompt_tokens`` in ``usage``.
 """
 
 from __future__ import annotations
@@ -100,6 +102,10 @@ class ChatCompletionRequest(BaseModel):
     max_tokens: int | None = Field(None, ge=1, le=1_000_000)
     max_completion_tokens: int | None = Field(None, ge=1, le=1_000_000)
     temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=0, description="vLLM's extension (0: every token)")
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
     stop: StopString | Annotated[list[StopString], Field(max_length=16)] | None = None
     seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
     logprobs: bool = False
@@ -113,6 +119,9 @@ class ChatCompletionRequest(BaseModel):
     memory: MemoryOptions | None = None
     tools: list[Any] | None = Field(None, description="Not supported: must be absent")
     functions: list[Any] | None = Field(None, description="Not supported: must be absent")
+    logit_bias: dict[str, Any] | None = Field(None, description="Not supported: must be absent")
+    response_format: dict[str, Any] | None = Field(
+        None, description='Only {"type": "text"} is supported')
 
     def stop_list(self) -> list[str] | None:
         """``stop`` as a list (``None`` when absent)."""

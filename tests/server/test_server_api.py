@@ -5,7 +5,7 @@ Chat goes through the official ``openai`` client; the memories API through httpx
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
@@ -156,3 +156,19 @@ def test_memories_lifecycle(server: ServerHandle) -> None:
         assert_openai_error(client.get("/memories", params={"user_id": "srv-nobody"}), 404,
                             "user_not_found")
         assert_openai_error(client.get("/memories"), 400, "missing_user")
+
+
+def test_sampling_parameters_reach_vllm(server: ServerHandle, model: str) -> None:
+    def answer(**sampling: Any) -> str:
+        with http(server) as client:
+            reply = client.post("/chat/completions", json={
+                "model": model, "messages": ask("Name three colours."), "max_tokens": 16,
+                "memory": {"mode": "off"}, "seed": 7, **sampling})
+        assert reply.status_code == 200, reply.text
+        return str(reply.json()["choices"][0]["message"]["content"])
+
+    greedy = answer()
+    assert answer(temperature=1.0) != greedy
+    assert answer(temperature=1.0, top_k=1) == greedy
+    assert answer(temperature=1.0, top_p=1e-9) == greedy
+    assert answer(temperature=1.0, top_k=1, presence_penalty=2.0, frequency_penalty=-1.0)

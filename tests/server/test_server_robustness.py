@@ -40,6 +40,11 @@ BAD_BODIES = [
     ({"max_tokens": 100_000}, None),
     ({"tools": [{"type": "function"}]}, "tools"),
     ({"stream": True, "logprobs": True}, "logprobs"),
+    ({"logit_bias": {"42": 10}}, "logit_bias"),
+    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"top_p": 0}, "top_p"),
+    ({"top_k": -1}, "top_k"),
+    ({"presence_penalty": 3}, "presence_penalty"),
 ]
 
 

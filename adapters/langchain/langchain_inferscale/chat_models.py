@@ -13,7 +13,7 @@ from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, Usag
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from langchain_core.runnables import Runnable, RunnableConfig, ensure_config
 from langchain_core.tools import BaseTool
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, SecretStr
 
 from inferscale_memory import ChatChunk, MemoryEngine
 from inferscale_memory import ChatResult as MemoryResult
@@ -26,6 +26,9 @@ from inferscale_memory.integrations import (
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 MEMORY_KEYS = ("user_id", "k", "mode")
+# Sampling parameters, as constructor fields and call keywords (checked by the engine).
+SAMPLING = ("temperature", "max_tokens", "seed", "top_p", "top_k", "presence_penalty",
+            "frequency_penalty")
 ROLES = {"system": "system", "human": "user", "ai": "assistant"}
 NO_TOOLS = (
     "ChatInferScale does not support tool calling: the inferscale engine renders only "
@@ -73,7 +76,8 @@ class ChatInferScale(BaseChatModel):
     Tool calling is not supported: :meth:`bind_tools` raises ``NotImplementedError``.
     """
 
-    model_config = ConfigDict(populate_by_name=True, arbitrary_types_allowed=True)
+    model_config = ConfigDict(populate_by_name=True, arbitrary_types_allowed=True,
+                              extra="forbid")  # an unknown parameter is an error, not ignored
 
     engine: Any = Field(default=None, exclude=True)
     """The :class:`~inferscale_memory.MemoryEngine`; ``None`` shares a default engine."""
@@ -90,8 +94,17 @@ class ChatInferScale(BaseChatModel):
     max_tokens: int | None = None
     stop: list[str] | None = Field(default=None, alias="stop_sequences")
     seed: int | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    """vLLM's top-k (0: every token)."""
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
     timeout: float | None = None
     """Seconds a call may take; ``None`` waits."""
+    max_retries: int = 0
+    """LangChain's standard parameter; the engine runs in process, so nothing is retried."""
+    api_key: SecretStr | None = None
+    """LangChain's standard parameter; an in-process engine needs no key (unused)."""
     streaming: bool = False
 
     @property
@@ -189,14 +202,12 @@ class ChatInferScale(BaseChatModel):
 
     def _request(self, messages: list[BaseMessage], stop: list[str] | None,
                  kwargs: dict[str, Any]) -> tuple[MemoryEngine, dict[str, Any]]:
-        unknown = set(kwargs) - {*MEMORY_KEYS, "temperature", "max_tokens", "seed", "model",
-                                 "stream"}
+        unknown = set(kwargs) - {*MEMORY_KEYS, *SAMPLING, "model", "stream"}
         if unknown:
-            raise ValueError(f"ChatInferScale got unknown call options {sorted(unknown)}")
-        options = {"temperature": kwargs.get("temperature", self.temperature),
-                   "max_tokens": kwargs.get("max_tokens", self.max_tokens),
-                   "seed": kwargs.get("seed", self.seed),
-                   "stop": stop if stop is not None else self.stop}
+            raise ValueError(f"ChatInferScale got unknown call options {sorted(unknown)}; "
+                             f"it takes {sorted({*MEMORY_KEYS, *SAMPLING})}")
+        options = {key: kwargs.get(key, getattr(self, key)) for key in SAMPLING}
+        options["stop"] = stop if stop is not None else self.stop
         request = {"messages": _to_openai(messages),
                    "user_id": kwargs.get("user_id", self.user_id),
                    "k": kwargs.get("k", self.k), "mode": kwargs.get("mode", self.mode),

@@ -36,6 +36,9 @@ from inferscale_memory.integrations import (
 )
 
 MEMORY_KEY = "inferscale_memory"
+# Sampling parameters, as constructor fields and call keywords (checked by the engine).
+SAMPLING = ("temperature", "max_tokens", "seed", "top_p", "top_k", "presence_penalty",
+            "frequency_penalty", "stop")
 """``additional_kwargs`` key of the message :class:`InferScaleMemoryBlock` hands over."""
 ROLES = {MessageRole.SYSTEM: "system", MessageRole.USER: "user",
          MessageRole.ASSISTANT: "assistant", MessageRole.DEVELOPER: "system"}
@@ -61,7 +64,7 @@ class InferScaleLLM(LLM):
             response.message.content, response.additional_kwargs["memory"]["injected_tokens"]
     """
 
-    model_config = ConfigDict(arbitrary_types_allowed=True)
+    model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid")
 
     engine: Any = Field(default=None, exclude=True,
                         description="The MemoryEngine; None shares a default engine.")
@@ -75,6 +78,12 @@ class InferScaleLLM(LLM):
         "'kv' injects the facts' KV; 'text' prefills the same tokens (A/B)."))
     temperature: float = Field(default=0.0)
     max_tokens: int | None = Field(default=None)
+    seed: int | None = Field(default=None)
+    top_p: float | None = Field(default=None)
+    top_k: int | None = Field(default=None, description="vLLM's top-k (0: every token).")
+    presence_penalty: float | None = Field(default=None)
+    frequency_penalty: float | None = Field(default=None)
+    stop: list[str] | None = Field(default=None)
     context_window: int = Field(default=4096, description="Reported to LlamaIndex.")
 
     @classmethod
@@ -151,14 +160,17 @@ class InferScaleLLM(LLM):
     def _request(self, messages: Sequence[ChatMessage],
                  kwargs: dict[str, Any]) -> tuple[MemoryEngine, dict[str, Any]]:
         handed, conversation = _split_memory(messages)
-        options = {"temperature": kwargs.pop("temperature", self.temperature),
-                   "max_tokens": kwargs.pop("max_tokens", self.max_tokens),
-                   "mode": kwargs.pop("mode", self.mode)}
+        options = {key: kwargs.pop(key, getattr(self, key)) for key in (*SAMPLING, "mode")}
         if handed is not None:  # facts from InferScaleMemoryBlock: no retrieval here
+            kwargs.pop("user_id", None)
+            kwargs.pop("k", None)
             options.update(user_id=handed["user_id"], facts=_facts(handed["facts"]))
         else:
             options.update(user_id=kwargs.pop("user_id", self.user_id),
                            k=kwargs.pop("k", self.k))
+        if kwargs:
+            raise ValueError(f"InferScaleLLM got unknown call options {sorted(kwargs)}; it "
+                             f"takes {sorted({*SAMPLING, 'mode', 'user_id', 'k'})}")
         engine = self.engine if self.engine is not None else default_engine(self.model)
         request = {"messages": conversation,
                    **{key: value for key, value in options.items() if value is not None}}

@@ -81,3 +81,22 @@ def test_another_users_identical_prompt_is_not_served_from_the_cache(
     cached("li-salt-a")
     assert cached("li-salt-a") > 0  # the user's own repeat
     assert cached("li-salt-b") == 0  # another user's guess of it
+
+
+def test_sampling_parameters_reach_vllm(engine: MemoryEngine) -> None:
+    question = ask("Name three colours.")
+    greedy = InferScaleLLM(engine=engine, max_tokens=16).chat(question).message.content
+    sampled = InferScaleLLM(engine=engine, max_tokens=16, temperature=1.0, seed=7)
+    assert sampled.chat(question).message.content != greedy  # sampling at temperature 1
+    assert InferScaleLLM(engine=engine, max_tokens=16, temperature=1.0, seed=7,
+                         top_k=1).chat(question).message.content == greedy
+    assert sampled.chat(question, top_p=1e-9).message.content == greedy
+
+
+def test_unknown_parameters_are_refused_at_construction_and_call(engine: MemoryEngine) -> None:
+    import pydantic
+
+    with pytest.raises(pydantic.ValidationError):
+        InferScaleLLM(engine=engine, top_q=0.9)
+    with pytest.raises(ValueError, match="unknown call options"):
+        InferScaleLLM(engine=engine).chat(ask("Hi"), top_q=0.9)

@@ -130,3 +130,26 @@ def test_another_users_identical_prompt_is_not_served_from_the_cache(
     cached("lc-salt-a")
     assert cached("lc-salt-a") > 0  # the user's own repeat
     assert cached("lc-salt-b") == 0  # another user's guess of it
+
+
+def test_sampling_parameters_reach_vllm(engine: MemoryEngine) -> None:
+    question = "Name three colours."
+    greedy = ChatInferScale(engine=engine, max_tokens=16).invoke(question).content
+    sampled = ChatInferScale(engine=engine, max_tokens=16, temperature=1.0, seed=7)
+    assert sampled.invoke(question).content != greedy  # sampling at temperature 1
+    # top-k 1 or a tiny top-p keep only the most likely token: the greedy answer again.
+    assert ChatInferScale(engine=engine, max_tokens=16, temperature=1.0, seed=7,
+                          top_k=1).invoke(question).content == greedy
+    assert sampled.invoke(question, top_p=1e-9).content == greedy
+    penalised = sampled.invoke(question, top_k=1, presence_penalty=2.0, frequency_penalty=2.0)
+    assert penalised.content  # accepted (and checked by the engine)
+
+
+def test_unknown_parameters_are_refused_at_construction_and_call(engine: MemoryEngine) -> None:
+    import pydantic
+
+    for bad in ({"model_kwargs": {"top_p": 0.9}}, {"top_q": 0.9}):
+        with pytest.raises(pydantic.ValidationError):
+            ChatInferScale(engine=engine, **bad)
+    with pytest.raises(ValueError, match="unknown call options"):
+        ChatInferScale(engine=engine).invoke("Hi", top_q=0.9)
