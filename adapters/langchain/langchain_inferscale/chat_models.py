@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any, Literal
 
@@ -229,15 +230,46 @@ class ChatInferScale(BaseChatModel):
         return ChatGenerationChunk(message=message)
 
     def _metadata(self, result: MemoryResult, user_id: str | None) -> dict[str, Any]:
-        memory = {"user_id": user_id, **dataclasses.asdict(result.metrics)}
+        memory = {"user_id": user_id, "without_memory": _without_memory(result, user_id),
+                  **dataclasses.asdict(result.metrics)}
         return {"model_name": self._model_label, "finish_reason": result.finish_reason,
                 "memory": memory}
 
 
 def _from_config(config: RunnableConfig | None, kwargs: dict[str, Any]) -> dict[str, Any]:
-    """Memory options from ``config["configurable"]`` (also a parent's, e.g. LangGraph's)."""
+    """Memory options from ``config["configurable"]`` (also a parent's, e.g. LangGraph's).
+
+    Raises:
+        ValueError: A key that looks like one of ours but is not (``userid``): it would
+            answer without memory and without a sign.
+    """
     configurable = ensure_config(config).get("configurable", {})
+    for key in configurable:
+        if key not in MEMORY_KEYS and (near := _looks_like_ours(key)):
+            raise ValueError(f"unknown configurable key {key!r}: did you mean {near!r}? "
+                             f"ChatInferScale reads {list(MEMORY_KEYS)}")
     return {**{key: configurable[key] for key in MEMORY_KEYS if key in configurable}, **kwargs}
+
+
+def _looks_like_ours(key: str) -> str | None:
+    """The memory key ``key`` is probably a misspelling of, if any."""
+    normal = key.lower().replace("_", "").replace("-", "")
+    for ours in MEMORY_KEYS:
+        if normal == ours.replace("_", "") or (normal == "user" and ours == "user_id"):
+            return ours
+    # Only user_id is long enough to misspell ("mode" is one letter from LangChain's "model").
+    close = difflib.get_close_matches(key.lower(), ["user_id"], n=1, cutoff=0.8)
+    return close[0] if close else None
+
+
+def _without_memory(result: MemoryResult, user_id: str | None) -> str | None:
+    """Why an answer used no fact (``None`` when it used some)."""
+    if result.metrics.fact_ids:
+        return None
+    if user_id is None:
+        return ("no user_id: set it on the model, per call, or in config['configurable']"
+                "['user_id']")
+    return f"user {user_id!r} has no facts yet (add them with engine.memory.add)"
 
 
 def _to_openai(messages: list[BaseMessage]) -> list[dict[str, str]]:

@@ -153,3 +153,15 @@ def test_unknown_parameters_are_refused_at_construction_and_call(engine: MemoryE
             ChatInferScale(engine=engine, **bad)
     with pytest.raises(ValueError, match="unknown call options"):
         ChatInferScale(engine=engine).invoke("Hi", top_q=0.9)
+
+
+def test_an_answer_without_memory_says_why(engine: MemoryEngine) -> None:
+    engine.memory.add("Cleo's cat is called Miso.", user_id="lc-why")
+    llm = ChatInferScale(engine=engine, max_tokens=2)
+    nobody, unknown, known = llm.batch(["What is my cat called?"] * 3, config=[
+        {}, {"configurable": {"user_id": "lc-why-nobody"}},
+        {"configurable": {"user_id": "lc-why"}}])
+    assert "no user_id" in memory_of(nobody)["without_memory"]
+    assert "has no facts" in memory_of(unknown)["without_memory"]
+    assert memory_of(unknown)["user_id"] == "lc-why-nobody"
+    assert memory_of(known)["without_memory"] is None and memory_of(known)["fact_ids"]

@@ -74,3 +74,15 @@ def test_without_an_engine_the_default_engine_is_announced(
         llm.invoke("Hi")
     assert any("no engine given" in r.getMessage() and "engine=MemoryEngine" in r.getMessage()
                for r in caplog.records)
+
+
+@pytest.mark.parametrize("key", ["userid", "userId", "user-id", "user", "usr_id", "Mode"])
+def test_a_misspelled_configurable_key_is_refused(key: str) -> None:
+    with pytest.raises(ValueError, match="configurable"):
+        _from_config({"configurable": {key: "bob", "thread_id": "t"}}, {})
+
+
+def test_other_configurable_keys_pass() -> None:
+    config = {"configurable": {"thread_id": "t", "checkpoint_ns": "", "__pregel_x": 1,
+                               "model": "m", "session_id": "s"}}
+    assert _from_config(config, {}) == {}
