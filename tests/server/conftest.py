@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import pytest
-from server_helpers import KEYS
+from server_helpers import KEYS, TENANT_A, TENANT_B, http
 
 if TYPE_CHECKING:
     from inferscale_memory import MemoryEngine
@@ -30,3 +30,12 @@ def server(engine: MemoryEngine) -> Iterator[ServerHandle]:
 @pytest.fixture(scope="session")
 def model(engine: MemoryEngine) -> str:
     return engine.model_path.name
+
+
+@pytest.fixture
+def fresh_tenants(server: ServerHandle) -> None:
+    """The keyed tenants A and B start without facts (other tests of the session add some)."""
+    with http(server) as client:
+        for tenant in (TENANT_A, TENANT_B):
+            response = client.delete("/memories", params={"user_id": tenant, "all": True})
+            assert response.status_code == 200, response.text

@@ -61,6 +61,7 @@ def test_eight_concurrent_clients_get_their_own_facts(server: ServerHandle, mode
     assert correct == 8, [r.choices[0].message.content for r in replies]
 
 
+@pytest.mark.usefixtures("fresh_tenants")
 def test_a_key_bound_to_a_tenant_cannot_touch_another(server: ServerHandle, model: str) -> None:
     [secret] = add_facts(server, TENANT_B, "The vault code of Bea is 7319.", key="key-b")
     [own] = add_facts(server, TENANT_A, "Al keeps his keys in a blue box.", key="key-a")
