@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import tempfile
 from collections.abc import Iterator
@@ -150,7 +149,8 @@ def _add_synthetic(workloads: Any) -> None:
     synthetic.add_argument("--workdir", type=Path, default=Path("runs"))
     synthetic.add_argument("--gpu-memory-utilization", type=float, default=0.7,
                            help="vLLM's share of GPU memory (the fact KV pool lives outside)")
-    synthetic.add_argument("--out", type=Path, default=None, help="write the report as JSON")
+    synthetic.add_argument("--out", type=Path, default=None,
+                           help="write the report as JSON (rewritten after every point)")
     synthetic.add_argument("--tensor-parallel-size", type=int, default=1)
     synthetic.add_argument("--recompute-tail", type=int, default=None, metavar="R",
                            help="facts computed at the end on the KV path (default: config)")
@@ -237,8 +237,6 @@ def _synthetic(args: argparse.Namespace) -> int:
                            connector_timing=args.connector_timing,
                            gpu_memory_utilization=args.gpu_memory_utilization,
                            tensor_parallel_size=args.tensor_parallel_size,
-                           recompute_tail=args.recompute_tail)
-    if args.out is not None:
-        args.out.write_text(json.dumps(report, indent=2))
+                           recompute_tail=args.recompute_tail, out=args.out)
     print(format_report(report))
     return 0

@@ -8,11 +8,13 @@ model hub. The layout is the one the library uses: ``header | facts | question``
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import random
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -188,16 +190,18 @@ class LoadLog:
 
 
 async def ttft_sweep(work: SyntheticWorkload, ks: list[int], trials: int,
-                     loads: LoadLog | None = None) -> list[dict]:
+                     loads: LoadLog | None = None,
+                     on_point: Callable[[list[dict]], None] | None = None) -> list[dict]:
     """Median and p90 TTFT (ms) per k and path; a different fact set every trial; with
     ``loads``, the median time of the connector's load step of the KV requests.
 
     The (k, trial) pairs run in a shuffled order, so a drift of the machine spreads over
-    every k instead of landing on the rows measured last.
+    every k instead of landing on the rows measured last. ``on_point`` gets the rows of
+    the trials done so far after every pair (a k without a finished trial has no row).
     """
     plan = [k for k in ks for _ in range(trials)]
     work.shuffle(plan)
-    times = {k: {"text": [], "kv": []} for k in ks}
+    times: dict[int, dict[str, list[float]]] = {k: {"text": [], "kv": []} for k in ks}
     load_ms: dict[int, list[float]] = {k: [] for k in ks}
     for k in plan:
         prompt = work.prompt(work.sample(k))
@@ -206,11 +210,23 @@ async def ttft_sweep(work: SyntheticWorkload, ks: list[int], trials: int,
             if loads is not None:
                 steps = loads.take()
                 load_ms[k] += [step["ms"] for step in steps if mode == "kv"]
+        if on_point is not None:
+            on_point(_ttft_rows(ks, times, load_ms))
+    return _ttft_rows(ks, times, load_ms)
+
+
+def _ttft_rows(ks: list[int], times: dict[int, dict[str, list[float]]],
+               load_ms: dict[int, list[float]]) -> list[dict]:
+    """One row per k with at least one finished (kv, text) pair."""
     rows = []
     for k in ks:
-        row = {"k": k, **{f"{m}_{stat}_ms": value for m in ("text", "kv")
-                          for stat, value in zip(("median", "p90"), _stats(times[k][m]),
-                                                 strict=True)}}
+        done = min(len(times[k]["kv"]), len(times[k]["text"]))
+        if not done:
+            continue
+        row = {"k": k, "trials": done,
+               **{f"{m}_{stat}_ms": value for m in ("text", "kv")
+                  for stat, value in zip(("median", "p90"), _stats(times[k][m][:done]),
+                                         strict=True)}}
         if load_ms[k]:
             row["load_median_ms"] = statistics.median(load_ms[k])
         rows.append(row)
@@ -235,16 +251,64 @@ def _stats(values: list[float]) -> tuple[float, float]:
     return statistics.median(ordered), ordered[round(0.9 * (len(ordered) - 1))]
 
 
+def write_json(path: Path, value: Any) -> None:
+    """Write ``value`` as JSON to ``path`` atomically: a reader (or a crash) sees the old
+    file or the new one, never half of one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        tmp.write_text(json.dumps(value, indent=2))
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+async def measure_synthetic(work: SyntheticWorkload, shape: str, ks: list[int], trials: int,
+                            concurrency: int, output_len: int, recompute_tail: int,
+                            loads: LoadLog | None = None,
+                            save: Callable[[dict[str, Any]], None] | None = None
+                            ) -> dict[str, Any]:
+    """Capture rate, TTFT sweep and one-shot throughput on ``work``'s runtime.
+
+    ``save`` gets the report after every measured point (the capture rate, each (k, trial)
+    pair of the sweep, each path's throughput); ``complete`` is false until the last.
+    """
+    report: dict[str, Any] = {"shape": shape, "complete": False,
+                              "recompute_tail": recompute_tail, "ttft": []}
+
+    def point(**values: Any) -> None:
+        report.update(values)
+        if save is not None:
+            save(report)
+
+    await work.capture(8)  # warm-up
+    count = max(200, max(ks) * 4, concurrency * 2)
+    point(capture_facts_per_s=count / await work.capture(count))
+    for mode in ("kv", "text"):  # warm-up of both paths
+        await work.run(work.prompt(work.sample(max(ks))), mode)
+    if loads is not None:
+        loads.take()
+    await ttft_sweep(work, ks, trials, loads, on_point=lambda rows: point(ttft=rows))
+    k = min(50, max(ks))
+    rates: dict[str, Any] = {"concurrency": concurrency, "k": k, "output_len": output_len}
+    for mode in ("text", "kv"):
+        rates[mode] = await throughput(work, concurrency, k, output_len, mode)
+        point(throughput=rates)
+    point(complete=True)
+    return report
+
+
 def run_synthetic(shape: str, ks: list[int], trials: int, concurrency: int, output_len: int,
                   workdir: Path, connector_timing: bool = False,
-                  recompute_tail: int | None = None,
+                  recompute_tail: int | None = None, out: Path | None = None,
                   **config: Any) -> dict[str, Any]:
     """The whole synthetic report: capture rate, TTFT sweep, one-shot throughput.
 
     ``connector_timing`` logs the connector's load steps (synchronising the device after
     each, which costs a little TTFT) and reports their median time per k. The KV path
     computes the tail of ``recompute_tail`` (default: the config's,
-    i.e. the default quality policy).
+    i.e. the default quality policy). ``out``: the report's JSON file, rewritten after
+    every measured point (see :func:`measure_synthetic`), so a crash keeps what finished.
     """
     tail = MemoryConfig.load().recompute_tail if recompute_tail is None else recompute_tail
     loads = None
@@ -255,25 +319,9 @@ def run_synthetic(shape: str, ks: list[int], trials: int, concurrency: int, outp
     try:
         vocab = int(SHAPES[shape]["vocab_size"])
         work = SyntheticWorkload(runtime, vocab, recompute_tail=tail)
-
-        async def report() -> dict[str, Any]:
-            await work.capture(8)  # warm-up
-            count = max(200, max(ks) * 4, concurrency * 2)
-            seconds = await work.capture(count)
-            for mode in ("kv", "text"):  # warm-up of both paths
-                await work.run(work.prompt(work.sample(max(ks))), mode)
-            if loads is not None:
-                loads.take()
-            rows = await ttft_sweep(work, ks, trials, loads)
-            k = min(50, max(ks))
-            rates = {mode: await throughput(work, concurrency, k, output_len, mode)
-                     for mode in ("text", "kv")}
-            return {"shape": shape, "capture_facts_per_s": count / seconds, "ttft": rows,
-                    "recompute_tail": tail,
-                    "throughput": {"concurrency": concurrency, "k": k,
-                                   "output_len": output_len, **rates}}
-
-        return runtime.run(report())
+        save = None if out is None else functools.partial(write_json, out)
+        return runtime.run(measure_synthetic(work, shape, ks, trials, concurrency,
+                                             output_len, tail, loads, save))
     finally:
         runtime.close()
         os.environ.pop(TIMING_ENV, None)

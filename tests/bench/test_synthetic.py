@@ -1,0 +1,107 @@
+"""``bench synthetic`` without an engine: the report JSON is rewritten after every measured
+point, so a crash keeps the points that finished."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from inferscale_memory.bench.synthetic import Prompt, format_report, measure_synthetic, write_json
+from inferscale_memory.runtime import Completion
+
+
+class Crash(RuntimeError):
+    pass
+
+
+class FakeWork:
+    """A workload double: TTFT = k ms on the KV path, 3k on the text path; the
+    ``crash_at``-th request after the capture raises (the two warm-up requests count)."""
+
+    def __init__(self, crash_at: int | None = None) -> None:
+        self.crash_at, self.requests, self.warm = crash_at, 0, False
+
+    async def capture(self, count: int) -> float:
+        return count / 100
+
+    def sample(self, k: int) -> list[int]:
+        return list(range(k))
+
+    def shuffle(self, items: list[Any]) -> None:
+        items.reverse()
+
+    def prompt(self, facts: list[int]) -> Prompt:
+        return Prompt(facts, None)  # type: ignore[arg-type]
+
+    async def run(self, prompt: Prompt, mode: str, max_tokens: int = 1,
+                  **kwargs: Any) -> Completion:
+        k = len(prompt.token_ids)
+        if self.warm:
+            self.requests += 1
+            if self.requests == self.crash_at:
+                raise Crash("engine died")
+        return Completion(token_ids=[0] * max_tokens,
+                          ttft_s=(k if mode == "kv" else 3 * k) / 1000)
+
+
+def measure(work: FakeWork, out: Path) -> dict[str, Any]:
+    async def go() -> dict[str, Any]:
+        def save(report: dict[str, Any]) -> None:
+            work.warm = True  # the first save comes after the capture
+            write_json(out, report)
+        return await measure_synthetic(work, "llama-tiny", [1, 2], trials=2,  # type: ignore[arg-type]
+                                       concurrency=2, output_len=4, recompute_tail=0,
+                                       save=save)
+    return asyncio.run(go())
+
+
+def test_the_report_is_written_after_every_point(tmp_path: Path) -> None:
+    out = tmp_path / "synthetic.json"
+    report = measure(FakeWork(), out)
+    assert json.loads(out.read_text()) == report
+    assert report["complete"] is True
+    assert [(r["k"], r["trials"], r["kv_median_ms"]) for r in report["ttft"]] == [
+        (1, 2, 1.0), (2, 2, 2.0)]
+    assert set(report["throughput"]) >= {"text", "kv"}
+    assert "| 2 | 6.0 (6.0) | 2.0 (2.0) | 0.33 | - |" in format_report(report)
+
+
+def test_a_crash_keeps_the_finished_points(tmp_path: Path) -> None:
+    out = tmp_path / "synthetic.json"
+    # 2 warm-up requests, then 4 (k, trial) pairs x 2 paths: the 8th is the third pair's
+    with pytest.raises(Crash):
+        measure(FakeWork(crash_at=8), out)
+    kept = json.loads(out.read_text())
+    assert kept["complete"] is False and kept["capture_facts_per_s"] == 100
+    # the shuffled plan runs k=2 twice, then k=1: two finished trials of k = 2
+    assert [(r["k"], r["trials"]) for r in kept["ttft"]] == [(2, 2)]
+    assert "throughput" not in kept
+    # a crash in the throughput step keeps the whole TTFT sweep and the finished path
+    with pytest.raises(Crash):
+        measure(FakeWork(crash_at=2 + 8 + 2 + 1), out)
+    kept = json.loads(out.read_text())
+    assert [(r["k"], r["trials"]) for r in kept["ttft"]] == [(1, 2), (2, 2)]
+    assert set(kept["throughput"]) == {"concurrency", "k", "output_len", "text"}
+
+
+def test_write_json_replaces_the_file_atomically(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    out = tmp_path / "synthetic.json"
+    write_json(out, {"a": 1})
+
+    def crash(*args: Any) -> None:
+        raise OSError("killed between the write and the rename")
+
+    monkeypatch.setattr(os, "replace", crash)
+    with pytest.raises(OSError):
+        write_json(out, {"a": 2})
+    monkeypatch.undo()
+    assert json.loads(out.read_text()) == {"a": 1}  # the old report, whole
+    assert [p.name for p in tmp_path.iterdir()] == ["synthetic.json"]  # no temp file left
+    write_json(out, {"a": 3})
+    assert json.loads(out.read_text()) == {"a": 3}
