@@ -25,11 +25,20 @@ class RotaryShift:
         inv_freq: ``(rotary_dim // 2,)`` float32 inverse frequencies.
         rotary_dim: Leading dims of each head that carry RoPE (partial rotary models).
         is_neox_style: Pairs ``(i, i + rotary_dim/2)`` (NeoX/Llama) or ``(2i, 2i+1)`` (GPT-J).
+        chunk_bytes: Float32 bytes of keys rotated at once. A load step may move tens of
+            thousands of tokens over every layer (6 GiB of float32 for 64 requests of 50
+            facts on Llama-3.1-8B); their rotation works through them in chunks of this
+            size, so its temporaries stay under about 4 chunks. One token is the least.
     """
 
     inv_freq: torch.Tensor
     rotary_dim: int
     is_neox_style: bool
+    chunk_bytes: int = 64 << 20
+
+    def __post_init__(self) -> None:
+        if self.chunk_bytes < 1:
+            raise ValueError(f"chunk_bytes must be positive, got {self.chunk_bytes}")
 
     @classmethod
     def from_rotary_module(cls, rope: torch.nn.Module) -> RotaryShift:
@@ -60,24 +69,41 @@ class RotaryShift:
         return Rotation(angles.cos()[:, None, :], angles.sin()[:, None, :], moved.to(device))
 
     def apply(self, keys: torch.Tensor, rotation: Rotation | None) -> torch.Tensor:
-        """Rotate ``keys`` by a prepared rotation (``None``: nothing moves)."""
+        """Rotate ``keys`` by a prepared rotation (``None``: nothing moves) into a copy."""
         if rotation is None:
             return keys
-        rot = keys[..., : self.rotary_dim].to(torch.float32)
+        return self.apply_(keys.clone(), rotation)
+
+    def apply_(self, keys: torch.Tensor, rotation: Rotation | None) -> torch.Tensor:
+        """Rotate ``keys`` in place (for keys that are a copy already, such as a gather)."""
+        if rotation is None:
+            return keys
+        moved = rotation.moved.nonzero().squeeze(1)
+        for tokens in moved.split(self.chunk_tokens(keys)):
+            rotated = self._rotate(keys, tokens, rotation)
+            keys[..., tokens, :, : self.rotary_dim] = rotated.to(keys.dtype)
+        return keys
+
+    def chunk_tokens(self, keys: torch.Tensor) -> int:
+        """Tokens per chunk: as many as fit in ``chunk_bytes`` of float32 (at least 1)."""
+        per_token = keys[..., 0, :, : self.rotary_dim].numel() * 4
+        return max(1, self.chunk_bytes // max(1, per_token))
+
+    def _rotate(self, keys: torch.Tensor, tokens: torch.Tensor,
+                rotation: Rotation) -> torch.Tensor:
+        """The rotated rotary dims of ``tokens`` (float32, ``[..., len(tokens), heads,
+        rotary_dim]``); element by element the same arithmetic for any chunking."""
+        rot = keys[..., tokens, :, : self.rotary_dim].to(torch.float32)
+        cos, sin = rotation.cos[tokens], rotation.sin[tokens]
         if self.is_neox_style:
             x1, x2 = rot.chunk(2, dim=-1)
         else:
             x1, x2 = rot[..., 0::2], rot[..., 1::2]
-        y1 = x1 * rotation.cos - x2 * rotation.sin
-        y2 = x2 * rotation.cos + x1 * rotation.sin
+        y1 = x1 * cos - x2 * sin
+        y2 = x2 * cos + x1 * sin
         if self.is_neox_style:
-            rotated = torch.cat((y1, y2), dim=-1)
-        else:
-            rotated = torch.stack((y1, y2), dim=-1).flatten(-2)
-        out = keys.clone()
-        moved = rotation.moved
-        out[..., moved, :, : self.rotary_dim] = rotated[..., moved, :, :].to(keys.dtype)
-        return out
+            return torch.cat((y1, y2), dim=-1)
+        return torch.stack((y1, y2), dim=-1).flatten(-2)
 
 
 @dataclass(frozen=True)
