@@ -9,24 +9,34 @@
 #   bash scripts/gpu-quality.sh model DIR    convert the model bundle in DIR, in the background
 #   bash scripts/gpu-quality.sh poll [S]     wait up to S seconds (default 240) for the end
 #
+# The job goes on after a part fails (install, a model's conversion, a sweep, the 1.5B pick,
+# `bench synthetic`) and lists it in $Q/failed; `poll` of a finished job names those parts on
+# stderr and exits 1 (0: finished clean, or "still running"). QUALITY_DIR, VLLM_STAGE and
+# MODELS_DIR (default /tmp: MODELS_DIR/model-0.5b, ...) move the folders named above.
+#
 # SETTINGS05 overrides the 0.5B settings (NAME=order,tail,context[,from]) and K05 its k;
 # the 1.5B model runs (at K15) the baseline and the two settings with the smallest
 # worst-k loss on the 0.5B among those whose KV TTFT is at most 0.6x the text path's at
 # every k >= 10, or SETTINGS15. SEQUENTIAL: questions per conversation in the TTFT sample;
 # SYNTHETIC=0 skips `bench synthetic`.
-set -u
-Q=/tmp/quality
+set -uo pipefail
+Q=${QUALITY_DIR:-/tmp/quality} STAGE=${VLLM_STAGE:-/tmp/vllm-stage} MODELS=${MODELS_DIR:-/tmp}
 DATA=.bundle/data/locomo-dev.json
 : "${SETTINGS05:=base=rank,0,0 t4=rank,4,0 c16=rank,0,16 t4c16=rank,4,16 t4c32=rank,4,32 t4n16=rank,4,16,similar}"
 : "${SYNTHETIC_ARGS:=}" "${K05:=5,10,20,50}" "${K15:=10,50}" "${SETTINGS15:=}" "${SEQUENTIAL:=2}"
 
 log() { echo "[$(date +%T) +$(( $(date +%s) - t0 ))s] $*"; }
-wait_file() { local n=0; while [ ! -e "$1" ] && [ $n -lt "$2" ]; do sleep 2; n=$((n + 2)); done; }
+# wait_model DIR SECONDS: until DIR's conversion succeeded (model.ok) or failed (model.failed).
+wait_model() { local n=0; while [ ! -e "$1/model.ok" ] && [ ! -e "$1/model.failed" ] &&
+  [ $n -lt "$2" ]; do sleep 2; n=$((n + 2)); done; }
+# fail PART: log it and add it to $Q/failed, which `poll` reports (and exits 1 on).
+fail() { log "FAILED: $*"; echo "$*" >> $Q/failed; }
 
 case ${1:-} in
 start)
   rm -rf $Q /tmp/repo && mkdir -p $Q /tmp/repo
-  tar -cf - --exclude=./.git --exclude='./.bundle/[0-9m]*' . | tar -xf - -C /tmp/repo
+  tar -cf - --exclude=./.git --exclude='./.bundle/[0-9m]*' . | tar -xf - -C /tmp/repo || {
+    echo "gpu-quality: copying the checkout to /tmp/repo failed" >&2; exit 1; }
   cd /tmp/repo && setsid nohup bash scripts/gpu-quality.sh run > /dev/null 2>&1 < /dev/null &
   sleep 1; cat $Q/job.log 2>/dev/null
   ;;
@@ -40,35 +50,44 @@ run)
   exec >> $Q/job.log 2>&1
   t0=$(date +%s)
   log "install"
-  (cd /tmp/vllm-stage && sh remote-install.sh) > $Q/install.log 2>&1 || {
-    tail -n 30 $Q/install.log; log "install failed"; touch $Q/done; exit 1; }
+  (cd $STAGE && sh remote-install.sh) > $Q/install.log 2>&1 || {
+    tail -n 30 $Q/install.log; fail "install (see install.log)"; touch $Q/done; exit 1; }
   log "installed"
   export PYTHONPATH=/tmp/site:/tmp/repo VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 \
     VLLM_NO_USAGE_STATS=1 VLLM_LOGGING_LEVEL=WARNING PYTHONUNBUFFERED=1
   for size in 0.5b 1.5b; do
-    wait_file /tmp/model-$size/model.ok 900
-    if [ ! -e /tmp/model-$size/model.ok ]; then log "no $size model"; continue; fi
-    model=$(cat /tmp/model-$size/model.ok)
+    wait_model $MODELS/model-$size 900
+    if [ ! -e $MODELS/model-$size/model.ok ]; then
+      fail "no $size model ($MODELS/model-$size/model.log)"; continue; fi
+    model=$(cat $MODELS/model-$size/model.ok)
     if [ $size = 0.5b ]; then ks=$K05; settings=$SETTINGS05; else
       ks=$K15 settings=$SETTINGS15
       # shellcheck disable=SC2086
-      [ -n "$settings" ] || settings="base=rank,0,0 $(python3 scripts/quality_sweep.py \
-        --dataset $DATA --out $Q/q0.5b --pick 2 $SETTINGS05)"
+      if [ -z "$settings" ]; then
+        picked=$(python3 scripts/quality_sweep.py --dataset $DATA --out $Q/q0.5b --pick 2 \
+          $SETTINGS05) || fail "pick of the 1.5b settings rc=$?: $picked"
+        settings="base=rank,0,0 $picked"
+      fi
     fi
     log "sweep $size k=$ks: $settings"
     # shellcheck disable=SC2086
     python3 scripts/quality_sweep.py --model "$model" --dataset $DATA --k $ks \
       --concurrency 64 --sequential "$SEQUENTIAL" --out $Q/q$size $settings > $Q/sweep-$size.log 2>&1
-    log "sweep $size rc=$?"
+    rc=$?
+    log "sweep $size rc=$rc"
+    [ $rc = 0 ] || { tail -n 20 $Q/sweep-$size.log; fail "sweep $size rc=$rc (sweep-$size.log)"; }
     grep -a '^|' $Q/sweep-$size.log | sort -u | tail -n 40
   done
-  if [ "${SYNTHETIC:-1}" = 0 ]; then touch $Q/done; exit 0; fi
+  if [ "${SYNTHETIC:-1}" = 0 ]; then touch $Q/done; [ ! -e $Q/failed ]; exit; fi
   log "synthetic"
   timeout 300 python3 -m inferscale_memory.cli bench synthetic --shape llama-3.1-8b \
     --k 0,5,10,20,50,100 --trials 10 --concurrency 64 --output-len 32 --workdir $Q/synthetic \
     --out $Q/synthetic.json $SYNTHETIC_ARGS > $Q/synthetic.log 2>&1
-  log "synthetic rc=$?"; grep -a -e '^|' -e shape -e throughput $Q/synthetic.log
+  rc=$?
+  log "synthetic rc=$rc"; grep -a -e '^|' -e shape -e throughput $Q/synthetic.log
+  [ $rc = 0 ] || { tail -n 20 $Q/synthetic.log; fail "synthetic rc=$rc (synthetic.log)"; }
   touch $Q/done
+  [ ! -e $Q/failed ]
   ;;
 poll)
   w=${2:-240} t=0
@@ -76,13 +95,24 @@ poll)
   echo "== $(date +%T) waited ${t} s"
   tail -n 45 $Q/job.log 2>/dev/null
   for size in 0.5b 1.5b; do grep -a '^|' $Q/sweep-$size.log 2>/dev/null | tail -n 3; done
+  status=0
   if [ -n "${OUT:-}" ]; then
     cp $Q/job.log $OUT/ 2>/dev/null
-    tar -czf $OUT/quality.tgz -C /tmp --exclude='*.png' --exclude=requests.jsonl \
-      --exclude=synthetic quality 2>/dev/null
+    # tar's status 1 (a file changed while read: the job is still writing) is no failure
+    err=$(tar -czf $OUT/quality.tgz -C "$(dirname $Q)" --exclude='*.png' \
+      --exclude=requests.jsonl --exclude=synthetic "$(basename $Q)" 2>&1)
+    rc=$?
+    [ $rc -le 1 ] || { echo "gpu-quality: packing $Q into $OUT/quality.tgz failed" \
+      "(tar rc=$rc): $err" >&2; status=1; }
     ls -la $OUT
   fi
+  if [ ! -e $Q/done ]; then
+    echo "gpu-quality: still running (poll again)"
+  elif [ -e $Q/failed ]; then
+    echo "gpu-quality: FAILED:" >&2; sed 's/^/  /' $Q/failed >&2; status=1
+  fi
+  exit $status
   ;;
 *)
-  sed -n '2,13p' "$0"; exit 2 ;;
+  sed -n '2,21p' "$0"; exit 2 ;;
 esac
