@@ -132,10 +132,9 @@ class WorkerSide:
             if self._fused is not None:
                 self._fused(self._slab.data, rows, slots, rotation)
             else:
-                keys, values = self._slab.gather(rows)  # [layers, n, heads, head_dim]
-                keys = self._shift.apply(keys, rotation)
-                for i, layer in enumerate(self._layers):
-                    layer.write(keys[i], values[i], slots)
+                for i, layer in enumerate(self._layers):  # a layer at a time: bounded memory
+                    keys, values = self._slab.gather_layer(rows, i)  # [n, heads, head_dim]
+                    layer.write(self._shift.apply_(keys, rotation), values, slots)
             if self._timing is not None:
                 self._log_load(started, plan, batch.shape[1])
         for key in plan.evicts:

@@ -137,6 +137,11 @@ class KVSlab:
         both = picked.permute(2, 1, 0, 3, 4).contiguous()
         return both[0], both[1]
 
+    def gather_layer(self, rows: torch.Tensor, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V ``[n, heads, head_dim]`` of ``rows`` in one ``layer`` (new tensors)."""
+        picked = self.data[:, layer].index_select(0, rows)  # [n, 2, heads, head_dim]
+        return picked[:, 0].contiguous(), picked[:, 1].contiguous()
+
     def _grow(self, at_least: int) -> None:
         old = self.capacity
         new = max(2 * old, old + at_least)

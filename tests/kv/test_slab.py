@@ -41,6 +41,23 @@ def test_gather_picks_rows_from_several_facts_in_order() -> None:
     assert torch.equal(values, torch.cat([kv_b[1, :, 1:3], kv_a[1]], dim=1))
 
 
+def test_a_layer_gather_is_that_layer_of_the_whole_gather() -> None:
+    # The portable injection path gathers one layer at a time (bounded memory at 64
+    # requests x k=50) and rotates the keys in place: they must be copies.
+    slab = KVSlab(LAYERS, HEADS, HEAD, torch.float32, "cpu", capacity=16)
+    a = slab.allocate(6)
+    kv = torch.randn(2, LAYERS, 6, HEADS, HEAD)
+    slab.write(a, kv[0], kv[1])
+    rows = torch.tensor([a + 4, a, a + 2])
+    keys, values = slab.gather(rows)
+    for layer in range(LAYERS):
+        k, v = slab.gather_layer(rows, layer)
+        assert torch.equal(k, keys[layer]) and torch.equal(v, values[layer])
+        assert k.is_contiguous() and v.is_contiguous()
+        k.zero_()
+    assert torch.equal(slab.gather(rows)[0], keys)  # the slab is untouched
+
+
 def test_free_list_merges_back_to_one_range() -> None:
     rng = random.Random(0)
     slab = KVSlab(1, 1, 4, torch.float32, "cpu", capacity=64)
