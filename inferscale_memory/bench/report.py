@@ -52,7 +52,7 @@ def describe_run(config: dict[str, Any]) -> str:
     lines = [
         f"- command: `{latest.get('command', '?')}`",
         f"- model: {model.get('name', '?')} ({model.get('dtype', '?')}); {vllm}, "
-        f"torch {versions.get('torch', '?')}",
+        f"torch {versions.get('torch', '?')}; engine start {model.get('start_s', '?')} s",
         f"- machine: {machine.get('cpu', '?')}, {machine.get('cpu_count', '?')} CPUs; "
         f"GPU: {gpus}; {machine.get('platform', '?')}",
         f"- commit {commit}, started {latest.get('started', '?')}",

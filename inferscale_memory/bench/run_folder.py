@@ -94,7 +94,8 @@ class RunFolder:
                 config["model"] = {"name": engine.model_path.name,
                                    "path": str(engine.model_path),
                                    "dtype": engine.config.dtype,
-                                   "max_model_len": engine.runtime.max_model_len}
+                                   "max_model_len": engine.runtime.max_model_len,
+                                   "start_s": round(engine.runtime.start_s, 1)}
         self._write_json(CONFIG, config)
         return config
 
