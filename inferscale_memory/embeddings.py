@@ -12,11 +12,12 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -123,9 +124,10 @@ class MiniLMEmbedder:
         self._lock = threading.Lock()
         self._torch = torch
         self._tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
-        self._model = AutoModel.from_pretrained(
-            folder, dtype=torch.float32, local_files_only=True
-        ).eval()
+        with _no_progress_bar():  # transformers' "Loading weights" bar, on every start
+            self._model = AutoModel.from_pretrained(
+                folder, dtype=torch.float32, local_files_only=True
+            ).eval()
         self.dim: int = int(self._model.config.hidden_size)
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
@@ -183,3 +185,16 @@ def default_embedder(path: str | None = None) -> MiniLMEmbedder:
         ModelPreparationError: ``path`` is not a model folder.
     """
     return _cached_embedder(None if path is None else str(Path(path).expanduser().resolve()))
+
+
+@contextlib.contextmanager
+def _no_progress_bar() -> Iterator[None]:
+    from transformers.utils import logging as hf_logging
+
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()

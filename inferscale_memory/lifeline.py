@@ -6,6 +6,10 @@ them: they live on holding host and GPU memory, and a supervisor that restarts t
 piles them up. The engine marks its children with :data:`OWNER_ENV`; each of them watches
 its parent (the engine core watches the owner, a worker the engine core) and ends when the
 parent is gone, so the whole tree follows the owner.
+
+A Ctrl-C in a terminal interrupts the whole process group, vLLM's processes included; they
+ignore it (:func:`leave_interrupts_to_owner`), so the owner shuts the engine down in order
+instead of finding its engine already dead.
 """
 
 from __future__ import annotations
@@ -42,6 +46,16 @@ def watch_parent() -> None:
     parent = os.getppid()
     threading.Thread(target=_watch, args=(parent,), name="inferscale-lifeline",
                      daemon=True).start()
+
+
+def leave_interrupts_to_owner() -> None:
+    """In a process vLLM started for an engine: ignore SIGINT (the owner gets it too and
+    stops the engine with SIGTERM, or :func:`watch_parent` ends it if the owner dies)."""
+    owner = os.environ.get(OWNER_ENV)
+    if owner is None or owner == str(os.getpid()):
+        return
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _watch(parent: int) -> None:

@@ -9,11 +9,14 @@ kinds of requests into small coroutines: answer (optionally injecting facts), ca
 from __future__ import annotations
 
 import asyncio
+import atexit
+import contextlib
 import itertools
 import logging
 import os
 import threading
 import time
+import weakref
 from collections.abc import AsyncIterator, Coroutine
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -24,10 +27,14 @@ from inferscale_memory import lifeline
 from inferscale_memory.config import MemoryConfig
 from inferscale_memory.connector.params import PARAMS_KEY, RequestParams, cache_salt
 from inferscale_memory.errors import EngineClosedError, EngineError
+from inferscale_memory.vllm_log import VllmLog
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 _DONE = object()
+SHUTDOWN_TIMEOUT_S = 30.0  # vLLM's processes get this long to exit before being killed
+_open: weakref.WeakSet[VllmRuntime] = weakref.WeakSet()  # closed at interpreter exit
+_exit_hook = False
 
 
 @dataclass
@@ -67,12 +74,25 @@ class VllmRuntime:
         self._thread.start()
         self._closed = False
         self._pending: set[Future[Any]] = set()  # sync callers' waits, failed at close
+        self._log = VllmLog(show=config.vllm_logs)
+        logger.info("starting vLLM with %s%s", model_path,
+                    f" (its output: {self._log.path})" if self._log.path else "")
+        started = time.perf_counter()
         try:
-            self._llm = self.run(self._start())
+            with self._log.capturing():
+                self._llm = self.run(self._start())
         except Exception as exc:
             self._stop_loop()
-            raise EngineError(f"vLLM failed to start with {model_path}: {exc}") from exc
+            self._log.close(failed=True)
+            tail = self._log.tail()
+            raise EngineError(f"vLLM failed to start with {model_path}: {exc}"
+                              + (f"\nthe end of vLLM's log ({self._log.path}):\n{tail}"
+                                 if tail else "")) from exc
+        self.start_s = time.perf_counter() - started
         self.max_model_len = int(self._llm.vllm_config.model_config.max_model_len)
+        _open.add(self)
+        _close_open_runtimes_at_exit()
+        logger.info("vLLM ready in %.1f s", self.start_s)
 
     async def _start(self) -> Any:
         from vllm.engine.arg_utils import AsyncEngineArgs
@@ -237,24 +257,68 @@ class VllmRuntime:
     # -- shutdown ------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Shut the engine down (idempotent)."""
+        """Shut the engine down (idempotent): requests in flight fail with
+        :class:`EngineClosedError`, vLLM's processes exit, nothing is logged but errors."""
         if self._closed:
             return
         self._closed = True
+        _open.discard(self)
+        failed = bool(getattr(self._llm, "errored", False))
         try:
-            self._llm.shutdown()
+            # vLLM cancels its output handler only after its engine process is gone, and
+            # the handler logs that death as an error: stop it first.
+            with contextlib.suppress(Exception):
+                asyncio.run_coroutine_threadsafe(self._stop_output_handler(),
+                                                 self._loop).result(10)
+            self._llm.shutdown(timeout=SHUTDOWN_TIMEOUT_S)
         finally:
             # Drop vLLM's engine now: its __del__ shuts down again, which fails if it
             # runs during interpreter teardown (vLLM 0.32).
             self._llm = None
-            self._stop_loop()
             for future in list(self._pending):  # nothing will finish them now
                 if not future.done():
                     future.set_exception(EngineClosedError("the engine was closed"))
+            self._stop_loop()
+            self._log.close(failed=failed)
+
+    async def _stop_output_handler(self) -> None:
+        handler = getattr(self._llm, "output_handler", None)
+        if handler is not None and not handler.done():
+            handler.cancel()
+            await asyncio.gather(handler, return_exceptions=True)
 
     def _stop_loop(self) -> None:
+        async def cancel_tasks() -> None:
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        if self._loop.is_running():
+            with contextlib.suppress(Exception):  # no task is left pending at exit
+                asyncio.run_coroutine_threadsafe(cancel_tasks(), self._loop).result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10)
+        if not self._thread.is_alive():
+            self._loop.close()
+
+
+def _close_open_runtimes_at_exit() -> None:
+    """Have engines still open when the interpreter exits shut down like ``close()``.
+
+    Registered once, after vLLM started its first engine: exit hooks run last-registered
+    first, so this one runs before vLLM's own finalizers would kill the engine process
+    under a live output handler."""
+    global _exit_hook
+    if not _exit_hook:
+        _exit_hook = True
+        atexit.register(_close_open_runtimes)
+
+
+def _close_open_runtimes() -> None:
+    for runtime in list(_open):
+        with contextlib.suppress(Exception):
+            runtime.close()
 
 
 def request_salt(tenant: str | None, params: RequestParams | None) -> str:

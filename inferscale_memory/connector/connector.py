@@ -52,6 +52,7 @@ class InferScaleConnector(KVConnectorBase_V1):
                  kv_cache_config: Any = None) -> None:
         super().__init__(vllm_config, role, kv_cache_config)
         lifeline.watch_parent()  # this process (engine core, worker) ends with the engine's owner
+        lifeline.leave_interrupts_to_owner()
         self._scheduler = (SchedulerSide(compat.pool_budget_tokens(vllm_config),
                                          compat.host_pool_budget_tokens(vllm_config),
                                          compat.cache_block_size(vllm_config))

@@ -158,8 +158,8 @@ def serve(model: str | None = None, host: str | None = None, port: int = 8000,
             if signalled.is_set():
                 logger.warning("second signal: stopping without waiting for requests")
             else:
-                logger.warning("stopping: waiting for in-flight requests (signal again to "
-                               "stop now)")
+                logger.info("stopping: waiting for in-flight requests (signal again to "
+                            "stop now)")
             handle.request_stop(force=signalled.is_set())
             signalled.set()
 

@@ -1,0 +1,155 @@
+"""Shutdown is silent and complete: a program that uses an engine prints only its own
+lines, exits 0, and leaves no vLLM process behind, whether it closes the engine (``with``),
+forgets to (interpreter exit), is interrupted by Ctrl-C, or is the server stopped by a
+signal. vLLM's own output goes to a log file unless asked for (``vllm_logs``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from test_orphans import alive, free_port
+
+pytestmark = pytest.mark.engine
+
+SCRIPT = """
+import os, sys, psutil
+from inferscale_memory import MemoryEngine
+
+def answer(engine):
+    reply = engine.chat([{"role": "user", "content": "Say hi."}], max_tokens=4)
+    print("answer:", bool(reply.text), flush=True)
+    print("children:", *[p.pid for p in psutil.Process().children(recursive=True)], flush=True)
+
+if __name__ == "__main__":
+    options = dict(store_path=":memory:", kv_cache_gb=1, max_model_len=2048,
+                   capture_context=0)
+    if sys.argv[1] == "close":
+        with MemoryEngine(**options) as engine:
+            answer(engine)
+        print("left:", *[p.pid for p in psutil.Process().children(recursive=True)])
+    elif sys.argv[1] == "exit":
+        engine = MemoryEngine(**options)  # never closed: the interpreter's exit does it
+        answer(engine)
+    elif sys.argv[1] == "interrupt":
+        with MemoryEngine(**options) as engine:
+            answer(engine)
+            try:
+                while True:
+                    engine.chat([{"role": "user", "content": "Count to ten."}], max_tokens=32)
+            except KeyboardInterrupt:
+                print("interrupted", flush=True)
+"""
+
+
+def env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    (tmp_path / "tmp").mkdir(exist_ok=True)
+    values = {**os.environ, "INFERSCALE_DATA_DIR": str(tmp_path), "TMPDIR": str(tmp_path / "tmp"),
+              **extra}
+    values.pop("VLLM_LOGGING_LEVEL", None)  # vLLM's default verbosity, as a user has it
+    return values
+
+
+def run_script(tmp_path: Path, mode: str, interrupt: bool = False) -> tuple[int, str, str]:
+    script = tmp_path / "program.py"
+    script.write_text(textwrap.dedent(SCRIPT))
+    program = subprocess.Popen([sys.executable, str(script), mode], env=env(tmp_path),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True)  # its own group, as in a terminal
+    if interrupt:
+        assert program.stdout is not None
+        lines = []
+        for line in program.stdout:  # wait until it answers, then Ctrl-C the whole group
+            lines.append(line)
+            if line.startswith("children:"):
+                time.sleep(1)
+                os.killpg(program.pid, signal.SIGINT)
+                break
+        out, err = program.communicate(timeout=300)
+        return program.returncode, "".join(lines) + out, err
+    out, err = program.communicate(timeout=900)
+    return program.returncode, out, err
+
+
+def children_of(out: str) -> list[int]:
+    [line] = [line for line in out.splitlines() if line.startswith("children:")]
+    return [int(pid) for pid in line.split()[1:]]
+
+
+def assert_gone(pids: list[int]) -> None:
+    deadline = time.monotonic() + 30
+    processes = []
+    for pid in pids:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            processes.append(psutil.Process(pid))
+    while any(alive(p) for p in processes) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [p.pid for p in processes if alive(p)], "vLLM processes left running"
+
+
+@pytest.mark.parametrize("mode", ["close", "exit"])
+def test_a_program_prints_only_its_own_lines_and_leaves_no_process(tmp_path: Path,
+                                                                   mode: str) -> None:
+    code, out, err = run_script(tmp_path, mode)
+    assert code == 0, err
+    assert err == "", err  # no vLLM log line, warning, progress bar or shutdown error
+    assert [line.split(":")[0] for line in out.splitlines()] == \
+        ["answer", "children"] + (["left"] if mode == "close" else [])
+    children = children_of(out)
+    assert children, "vLLM runs its engine core in a process of its own"
+    if mode == "close":
+        assert out.splitlines()[-1] == "left:"  # none once close() returned
+    assert_gone(children)
+    assert not list((tmp_path / "tmp").iterdir())  # vLLM's log file is removed
+
+
+def test_ctrl_c_stops_the_program_cleanly(tmp_path: Path) -> None:
+    code, out, err = run_script(tmp_path, "interrupt", interrupt=True)
+    assert code == 0, err
+    assert "interrupted" in out.splitlines()
+    assert err == "", err
+    assert_gone(children_of(out))
+
+
+def test_the_server_stops_on_a_signal_with_only_its_own_lines(tmp_path: Path) -> None:
+    server = subprocess.Popen(
+        [sys.executable, "-m", "inferscale_memory.cli", "serve", "--port", str(free_port())],
+        env=env(tmp_path, INFERSCALE_STORE_PATH=str(tmp_path / "memory.sqlite"),
+                INFERSCALE_KV_CACHE_GB="1", INFERSCALE_MAX_MODEL_LEN="2048"),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    ready = threading.Event()
+    output: list[str] = []
+
+    def read() -> None:
+        assert server.stdout is not None
+        for line in server.stdout:
+            output.append(line)
+            if "serving" in line and "/v1" in line:
+                ready.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        assert ready.wait(600), "".join(output[-40:])
+        children = [p.pid for p in psutil.Process(server.pid).children(recursive=True)]
+        os.killpg(server.pid, signal.SIGINT)  # Ctrl-C in its terminal
+        assert server.wait(120) == 0, "".join(output)
+        reader.join(10)
+    finally:
+        server.kill()
+    # Only the project's own lines: its log records and the serving line.
+    own = [line for line in output
+           if line.startswith(("INFO inferscale_memory", "inferscale-memory serving"))
+           or line.startswith("WARNING inferscale_memory.server.run: no API keys")]
+    assert output and own == output, "".join(output)
+    assert_gone(children)
