@@ -286,6 +286,7 @@ class MemoryEngine:
         prompt_tokens = len(layout.token_ids)
         fact_ids = [fid for fid, _, _ in layout.fact_spans]
         missing = {name for ns, name in report.get("missing", []) if ns}
+        named = [span.key.name for span in params.inject if span.key.ns] if params else []
         metrics = ChatMetrics(
             mode=mode,
             ttft_ms=(retrieval_s + done.ttft_s) * 1000 if done.token_ids else 0.0,
@@ -299,11 +300,11 @@ class MemoryEngine:
             output_tokens=len(done.token_ids),
             fact_ids=fact_ids,
             recomputed_fact_ids=[fid for fid in fact_ids if fid in missing],
+            injected_fact_ids=[fid for fid in named if fid not in missing],
         )
-        named = sum(span.key.ns != "" for span in params.inject) if params else 0
         if named:  # facts named for injection: hits, or misses that vLLM computed
             recomputed = len(metrics.recomputed_fact_ids)
-            self.kv_stats.record_answer(named - recomputed, recomputed)
+            self.kv_stats.record_answer(len(named) - recomputed, recomputed)
             self.kv_stats.record_report(report)  # promotions and the room made for them
         return ChatResult(done.text, metrics, ordered, layout.token_ids, done.token_ids,
                           done.finish_reason, done.logprobs)

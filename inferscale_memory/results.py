@@ -26,6 +26,10 @@ class ChatMetrics:
         fact_ids: Ids of the facts in the prompt, in prompt order (see ``fact_order``).
         recomputed_fact_ids: Facts named for injection whose KV was missing, so they were
             recomputed from text (and are recaptured in the background).
+        injected_fact_ids: Facts whose KV was not computed for this answer: named for
+            injection and found in the fact pool (or in vLLM's prefix cache of this
+            tenant). The others were computed by vLLM: the tail of the default
+            answer-quality policy (``recompute_tail``) and ``recomputed_fact_ids``.
     """
 
     mode: str
@@ -40,6 +44,7 @@ class ChatMetrics:
     output_tokens: int
     fact_ids: list[str] = field(default_factory=list)
     recomputed_fact_ids: list[str] = field(default_factory=list)
+    injected_fact_ids: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

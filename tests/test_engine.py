@@ -194,11 +194,13 @@ def test_missing_kv_is_recomputed_and_reported(engine: MemoryEngine) -> None:
     text = engine.answer(question, facts, mode="text", **options)
     recomputed = engine.answer(question, facts, mode="kv", **options)
     assert recomputed.metrics.recomputed_fact_ids == [dropped.id]
+    assert recomputed.metrics.injected_fact_ids == [kept.id]
     assert recomputed.metrics.injected_tokens == engine.runtime.block_size
     assert_same_answer(recomputed, text)
     engine.wait_for_background()  # the dropped fact is recaptured after the answer
     again = engine.answer(question, facts, mode="kv", **options)
     assert again.metrics.recomputed_fact_ids == []
+    assert again.metrics.injected_fact_ids == [kept.id, dropped.id]
     # header + kept now come from the prefix cache of this tenant; dropped is injected again
     assert again.metrics.injected_tokens == len(engine.builder.fact_ids(dropped.text))
     assert again.metrics.computed_tokens < recomputed.metrics.computed_tokens

@@ -73,6 +73,7 @@ def test_recompute_tail_injects_every_fact_but_the_last_r(engine: MemoryEngine) 
         assert kv.metrics.injected_tokens == expected, tail
         assert kv.metrics.computed_tokens == kv.metrics.prompt_tokens - expected
         assert kv.metrics.recomputed_fact_ids == []
+        assert kv.metrics.injected_fact_ids == [f.fact.id for f in named]
 
 
 def test_recompute_tail_answers_like_the_text_path(engine: MemoryEngine) -> None:
