@@ -1,7 +1,8 @@
 """Mem0 on inferscale-memory: Mem0 keeps its facts, the engine keeps their KV.
 
 Every fact Mem0 stores gets its KV captured on the engine (updates recapture, deletes
-evict), and :func:`answer` injects Mem0's search results as KV.
+evict), and :func:`answer` injects Mem0's search results as KV. Importing the package
+turns Mem0's telemetry off (unless ``MEM0_TELEMETRY`` is set).
 
 Example:
     >>> import mem0_inferscale                                     # doctest: +SKIP
@@ -10,12 +11,11 @@ Example:
     >>> mem0_inferscale.answer(memory, "Where do I live?", user_id="caroline").text
 """
 
-import os
+from mem0_inferscale import telemetry
+from mem0_inferscale.memory import answer, attach, from_engine, mem0_config, warm
+from mem0_inferscale.vector_store import InferScaleVectorStore
 
-# Mem0 reads this when it is first imported; this package runs without any network.
-os.environ.setdefault("MEM0_TELEMETRY", "false")
-
-from mem0_inferscale.memory import answer, attach, from_engine, mem0_config, warm  # noqa: E402
-from mem0_inferscale.vector_store import InferScaleVectorStore  # noqa: E402
+# This package runs without any network: Mem0's telemetry is off unless MEM0_TELEMETRY says.
+telemetry.switch_off()
 
 __all__ = ["InferScaleVectorStore", "answer", "attach", "from_engine", "mem0_config", "warm"]
