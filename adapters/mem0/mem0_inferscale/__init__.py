@@ -1,8 +1,9 @@
 """Mem0 on inferscale-memory: Mem0 keeps its facts, the engine keeps their KV.
 
 Every fact Mem0 stores gets its KV captured on the engine (updates recapture, deletes
-evict), and :func:`answer` injects Mem0's search results as KV. Importing the package
-turns Mem0's telemetry off (unless ``MEM0_TELEMETRY`` is set).
+evict), and :func:`answer` injects Mem0's search results for any of its scopes (user,
+agent, run) as KV. Importing the package turns Mem0's telemetry off (unless
+``MEM0_TELEMETRY`` is set).
 
 Example:
     >>> import mem0_inferscale                                     # doctest: +SKIP

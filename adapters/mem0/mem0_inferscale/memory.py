@@ -10,7 +10,7 @@ from mem0 import Memory
 from mem0.configs.base import mem0_dir
 
 from inferscale_memory import ChatResult, Fact, MemoryEngine, ScoredFact
-from mem0_inferscale.vector_store import InferScaleVectorStore
+from mem0_inferscale.vector_store import InferScaleVectorStore, tenant_of
 
 EXTRACTION_MAX_TOKENS = 512
 
@@ -70,45 +70,84 @@ def from_engine(engine: MemoryEngine, **config: Any) -> Memory:
     return attach(Memory.from_config(mem0_config(engine, **config)), engine)
 
 
-def answer(memory: Memory, query: str, *, user_id: str, k: int = 10, mode: str = "kv",
-           messages: Sequence[dict[str, Any]] = (), filters: dict[str, Any] | None = None,
-           **options: Any) -> ChatResult:
-    """Answer ``query`` with Mem0's search results for ``user_id`` injected as KV.
+def answer(memory: Memory, query: str, *, user_id: str | None = None,
+           agent_id: str | None = None, run_id: str | None = None, k: int = 10,
+           mode: str = "kv", messages: Sequence[dict[str, Any]] = (),
+           filters: dict[str, Any] | None = None, **options: Any) -> ChatResult:
+    """Answer ``query`` with Mem0's search results for a scope injected as KV.
+
+    The scope is Mem0's: any of ``user_id``, ``agent_id`` and ``run_id``, as keywords (as
+    in Mem0's ``add``) or in ``filters`` (as in its ``search``), alone or combined.
+
+    Example:
+        >>> answer(memory, "What do I like?", user_id="caroline", agent_id="travel")
+        ...                                                           # doctest: +SKIP
 
     Args:
         memory: A Mem0 ``Memory`` after :func:`attach`.
         query: The user's question (also Mem0's search query).
         user_id: Whose memories to search and inject.
+        agent_id: The agent's memories (alone, or with ``user_id`` / ``run_id``).
+        run_id: The run's (session's) memories.
         k: Memories to retrieve (Mem0's ``top_k``).
         mode: ``"kv"`` injects the facts' KV, ``"text"`` prefills their text (A/B).
         messages: Earlier turns, OpenAI-style, before the question.
-        filters: More Mem0 search filters (``agent_id``, metadata, ...).
+        filters: Mem0's search filters (scope ids, metadata, operators).
         **options: ``max_tokens``, ``temperature``, ``stop``, ``logprobs``, ``seed``.
 
     Returns:
         The engine's :class:`~inferscale_memory.ChatResult` (text and metrics).
+
+    Raises:
+        ValueError: No scope id, or one given twice with different values.
+        TypeError: ``memory`` is not attached to an engine.
     """
-    store = memory.vector_store
-    if not isinstance(store, InferScaleVectorStore):
-        raise TypeError("answer() needs a Memory on an engine: use from_engine() or attach()")
-    found = memory.search(query, top_k=k, filters={**(filters or {}), "user_id": user_id})
-    facts = [ScoredFact(Fact(hit["id"], user_id, hit["memory"], {}, 0.0, 0.0),
-                        float(hit.get("score") or 0.0)) for hit in found["results"]]
-    conversation = [*messages, {"role": "user", "content": query}]
-    return store.engine.answer(conversation, facts, user_id=user_id, mode=mode, **options)
+    store = _store_of(memory, "answer")
+    scope = _scope(filters, user_id=user_id, agent_id=agent_id, run_id=run_id)
+    tenant = tenant_of(scope)
+    found = memory.search(query, top_k=k, filters=scope)
+    return store.engine.answer([*messages, {"role": "user", "content": query}],
+                               _facts(found, tenant), user_id=tenant, mode=mode, **options)
 
 
-def warm(memory: Memory, *, user_id: str) -> int:
-    """Capture the KV of all of ``user_id``'s Mem0 memories now; returns how many."""
-    store = memory.vector_store
-    if not isinstance(store, InferScaleVectorStore):
-        raise TypeError("warm() needs a Memory on an engine: use from_engine() or attach()")
-    rows = store.inner.list(filters={"user_id": user_id}, top_k=100_000)
+def warm(memory: Memory, *, user_id: str | None = None,
+         agent_id: str | None = None, run_id: str | None = None,
+         filters: dict[str, Any] | None = None) -> int:
+    """Capture the KV of all Mem0 memories of a scope now (as :func:`answer` takes it);
+    returns how many."""
+    store = _store_of(memory, "warm")
+    scope = _scope(filters, user_id=user_id, agent_id=agent_id, run_id=run_id)
+    tenant_of(scope)  # a scope id is required, as for answer
+    rows = store.inner.list(filters=scope, top_k=100_000)
     rows = rows[0] if rows and isinstance(rows[0], list | tuple) else rows
     rows = [r for r in rows if r.payload and r.payload.get("data")]
     # Embeddings only to find each fact's capture context among its neighbours.
     vectors = [memory.embedding_model.embed(r.payload["data"], "add")
                if store.engine.config.capture_context else None for r in rows]
-    store.capture([(Fact(str(r.id), user_id, r.payload["data"], {}, 0.0, 0.0), r.payload, v)
-                   for r, v in zip(rows, vectors, strict=True)])
+    store.capture([(str(r.id), r.payload, v) for r, v in zip(rows, vectors, strict=True)])
     return len(rows)
+
+
+def _store_of(memory: Memory, caller: str) -> InferScaleVectorStore:
+    store = memory.vector_store
+    if not isinstance(store, InferScaleVectorStore):
+        raise TypeError(f"{caller}() needs a Memory on an engine: use from_engine() or attach()")
+    return store
+
+
+def _scope(filters: dict[str, Any] | None, **ids: str | None) -> dict[str, Any]:
+    """Mem0 search filters: ``filters`` plus the scope ids given as keywords."""
+    scope = dict(filters or {})
+    for name, value in ids.items():
+        if value is None:
+            continue
+        if scope.get(name) is not None and scope[name] != value:
+            raise ValueError(f"{name} given twice: {value!r} and filters' {scope[name]!r}")
+        scope[name] = value
+    return scope
+
+
+def _facts(found: dict[str, Any], tenant: str) -> list[ScoredFact]:
+    """Mem0's search results as the engine's facts of ``tenant`` (where their KV is)."""
+    return [ScoredFact(Fact(hit["id"], tenant, hit["memory"], {}, 0.0, 0.0),
+                       float(hit.get("score") or 0.0)) for hit in found["results"]]

@@ -3,13 +3,14 @@
 It wraps the store Mem0 built from its own configuration (qdrant, faiss, ...) and passes
 every call through; writes are mirrored to the engine: an insert captures the facts' KV,
 an update whose text changed recaptures it, a delete (and ``reset``) evicts it. The facts
-stay in Mem0; the engine keys their KV by Mem0's memory id.
+stay in Mem0; the engine keys their KV by Mem0's memory id, under each Mem0 scope id the
+memory carries (:func:`tenants_of`), so a search by any of its scopes can inject it.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from mem0.vector_stores.base import VectorStoreBase
@@ -17,23 +18,44 @@ from mem0.vector_stores.base import VectorStoreBase
 from inferscale_memory import Fact, MemoryEngine
 
 RESET_BATCH = 1000
-SCOPES = ("user_id", "agent_id", "run_id")
+SCOPES = ("user_id", "agent_id", "run_id")  # Mem0's scope ids, in the order tenant_of picks
+PREFIXES = {"user_id": "", "agent_id": "agent:", "run_id": "run:"}
 
 
-def tenant_of(payload: dict[str, Any]) -> str:
-    """The engine user whose KV holds a Mem0 memory: its user_id, else its agent or run."""
-    if payload.get("user_id"):
-        return str(payload["user_id"])
-    if payload.get("agent_id"):
-        return f"agent:{payload['agent_id']}"
-    if payload.get("run_id"):
-        return f"run:{payload['run_id']}"
-    raise ValueError("a Mem0 memory needs a user_id, agent_id or run_id")
+def scope_ids(scope: Mapping[str, Any]) -> dict[str, str]:
+    """The concrete Mem0 scope ids of a payload or of search filters (as Mem0 trims them;
+    a ``"*"`` wildcard scopes nothing)."""
+    found = {name: str(scope[name]).strip() for name in SCOPES if scope.get(name) is not None}
+    return {name: value for name, value in found.items() if value and value != "*"}
 
 
-def fact_of(memory_id: str, payload: dict[str, Any]) -> Fact:
-    """The engine's view of a Mem0 memory (its text under Mem0's id)."""
-    return Fact(str(memory_id), tenant_of(payload), payload["data"], {}, 0.0, 0.0)
+def tenants_of(payload: Mapping[str, Any]) -> list[str]:
+    """The engine users that keep a Mem0 memory's KV: one per scope id it carries.
+
+    A search scoped by any of these ids, alone or combined, answers as one of them
+    (:func:`tenant_of`), so every hit of any search has its KV under the search's tenant.
+    """
+    ids = scope_ids(payload)
+    if not ids:
+        raise ValueError("a Mem0 memory needs a user_id, agent_id or run_id")
+    return [PREFIXES[name] + value for name, value in ids.items()]
+
+
+def tenant_of(scope: Mapping[str, Any]) -> str:
+    """The engine user that answers a Mem0 search scoped by ``scope`` (its filters): the
+    user_id, else ``agent:<agent_id>``, else ``run:<run_id>``."""
+    ids = scope_ids(scope)
+    if not ids:
+        raise ValueError("answering needs a user_id, agent_id or run_id (a keyword or in "
+                         "filters), as Mem0's search does")
+    name = next(iter(ids))
+    return PREFIXES[name] + ids[name]
+
+
+def facts_of(memory_id: Any, payload: Mapping[str, Any]) -> list[Fact]:
+    """The engine's view of a Mem0 memory: its text under Mem0's id, once per tenant."""
+    return [Fact(str(memory_id), tenant, payload["data"], {}, 0.0, 0.0)
+            for tenant in tenants_of(payload)]
 
 
 class InferScaleVectorStore(VectorStoreBase):
@@ -57,22 +79,22 @@ class InferScaleVectorStore(VectorStoreBase):
     def insert(self, vectors: list, payloads: list | None = None, ids: list | None = None) -> Any:
         result = self.inner.insert(vectors=vectors, payloads=payloads, ids=ids)
         if payloads and ids:
-            self.capture([(fact_of(i, p), p, v) for i, p, v
-                          in zip(ids, payloads, vectors, strict=True) if p.get("data")])
+            self.capture([(str(i), p, v) for i, p, v in zip(ids, payloads, vectors, strict=True)
+                          if p.get("data")])
         return result
 
     def update(self, vector_id: Any, vector: Any = None, payload: dict | None = None) -> Any:
         old_text = self._text(vector_id) if payload else None
         result = self.inner.update(vector_id=vector_id, vector=vector, payload=payload)
         if payload and payload.get("data") and payload["data"] != old_text:
-            self.capture([(fact_of(vector_id, payload), payload, vector)])
+            self.capture([(str(vector_id), payload, vector)])
         return result
 
     def delete(self, vector_id: Any) -> Any:
         found = self.inner.get(vector_id=vector_id)
         result = self.inner.delete(vector_id=vector_id)
         if found is not None and found.payload:
-            self._evict([fact_of(vector_id, found.payload)])
+            self._evict(facts_of(vector_id, found.payload))
         return result
 
     def delete_col(self) -> Any:
@@ -113,26 +135,28 @@ class InferScaleVectorStore(VectorStoreBase):
 
     # -- engine ---------------------------------------------------------------------------
 
-    def capture(self, stored: list[tuple[Fact, dict[str, Any], Any]]) -> None:
-        """Capture the KV of Mem0 memories given as (fact, payload, embedding or None).
+    def capture(self, stored: list[tuple[str, dict[str, Any], Any]]) -> None:
+        """Capture the KV of Mem0 memories given as (memory id, payload, embedding or None),
+        under each of their tenants (:func:`tenants_of`).
 
-        With the engine's ``capture_context`` = n > 0, each fact is captured after its n
+        With the engine's ``capture_context`` = n > 0, each memory is captured after its n
         nearest memories of the same scope in this store (Mem0's users are not in the
         engine's own store), in the order they were created.
         """
-        contexts = {fact.id: self._neighbours(fact, payload, vector)
-                    for fact, payload, vector in stored}
-        for user_id, group in _by_tenant(fact for fact, _, _ in stored).items():
+        contexts = {memory_id: self._neighbours(memory_id, payload, vector)
+                    for memory_id, payload, vector in stored}
+        facts = [fact for memory_id, payload, _ in stored for fact in facts_of(memory_id, payload)]
+        for user_id, group in _by_tenant(facts).items():
             self.engine.arun(self.engine.memory.capture(user_id, group, contexts))
 
-    def _neighbours(self, fact: Fact, payload: dict[str, Any], vector: Any) -> tuple[str, ...]:
+    def _neighbours(self, memory_id: str, payload: dict[str, Any], vector: Any
+                    ) -> tuple[str, ...]:
         count = self.engine.config.capture_context
         if count == 0 or vector is None:
             return ()
-        scope = {key: payload[key] for key in SCOPES if payload.get(key)}
-        hits = self.inner.search(query=fact.text, vectors=vector, top_k=count + 1,
-                                 filters=scope)
-        near = [hit.payload for hit in hits if str(hit.id) != fact.id and hit.payload
+        hits = self.inner.search(query=payload["data"], vectors=vector, top_k=count + 1,
+                                 filters=scope_ids(payload))
+        near = [hit.payload for hit in hits if str(hit.id) != memory_id and hit.payload
                 and hit.payload.get("data")][:count]
         return tuple(p["data"] for p in sorted(near, key=lambda p: str(p.get("created_at"))))
 
@@ -147,8 +171,8 @@ class InferScaleVectorStore(VectorStoreBase):
     def _evict_everything(self) -> None:
         rows = self.inner.list(top_k=RESET_BATCH * 1000)
         rows = rows[0] if rows and isinstance(rows[0], list | tuple) else rows
-        self._evict(fact_of(row.id, row.payload) for row in rows if row.payload
-                    and row.payload.get("data"))
+        self._evict(fact for row in rows if row.payload and row.payload.get("data")
+                    for fact in facts_of(row.id, row.payload))
 
 
 def _by_tenant(facts: Iterable[Fact]) -> dict[str, list[Fact]]:

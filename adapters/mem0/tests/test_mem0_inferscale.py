@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from mem0 import Memory
@@ -140,3 +141,46 @@ def test_another_users_identical_prompt_is_not_served_from_the_cache(
     cached("m0-salt-a")
     assert cached("m0-salt-a") > 0  # the user's own repeat
     assert cached("m0-salt-b") == 0  # another user's guess of it
+
+
+# Mem0 scopes of some memories (user, agent and run ids, alone and combined).
+SCOPED = {
+    "Noor has a grey cat named Pixel.": {"agent_id": "m0-agent"},
+    "Noor feeds her cat Pixel at seven.": {"run_id": "m0-run"},
+    "Noor's cat Pixel sleeps on the piano.": {
+        "user_id": "m0-user", "agent_id": "m0-agent", "run_id": "m0-run"},
+    "Noor bought her cat Pixel a red collar.": {"user_id": "m0-user", "agent_id": "m0-agent"},
+}
+
+
+def test_every_mem0_scope_is_answered_with_its_memories_injected(
+        memory: Memory, engine: MemoryEngine) -> None:
+    ids = {text: memory.add(text, infer=False, **scope)["results"][0]["id"]
+           for text, scope in SCOPED.items()}
+    texts = list(SCOPED)
+
+    def answered(**scope: Any) -> set[str]:
+        reply = mem0_inferscale.answer(memory, "What about Noor's cat Pixel?", max_tokens=1,
+                                       **scope)
+        assert reply.metrics.recomputed_fact_ids == []  # each one's KV, captured by Mem0's add
+        assert reply.metrics.injected_tokens > 0
+        return set(reply.metrics.fact_ids)
+
+    # Each scope finds what Mem0's search finds for it, keywords or filters alike.
+    assert answered(filters={"agent_id": "m0-agent"}) == {ids[t] for t in texts[0::2] + [texts[3]]}
+    assert answered(run_id="m0-run") == {ids[texts[1]], ids[texts[2]]}
+    assert answered(agent_id="m0-agent", run_id="m0-run") == {ids[texts[2]]}
+    assert answered(user_id="m0-user") == {ids[texts[2]], ids[texts[3]]}
+    assert answered(filters={"user_id": "m0-user", "run_id": "m0-run"}) == {ids[texts[2]]}
+    with pytest.raises(ValueError, match="user_id, agent_id or run_id"):
+        mem0_inferscale.answer(memory, "What about Noor's cat?")
+    with pytest.raises(ValueError, match="user_id"):
+        mem0_inferscale.answer(memory, "What about Noor's cat?", user_id="m0-user",
+                               filters={"user_id": "m0-agent"})
+
+    # A memory of three scopes keeps its KV under each of them; delete evicts every copy.
+    every = ids[texts[2]]
+    memory.delete(every)
+    for tenant in ("m0-user", "agent:m0-agent", "run:m0-run"):
+        assert kv_is_missing(engine, tenant, {every: texts[2]}) == [every]
+
