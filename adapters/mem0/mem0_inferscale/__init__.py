@@ -1,9 +1,9 @@
 """Mem0 on inferscale-memory: Mem0 keeps its facts, the engine keeps their KV.
 
 Every fact Mem0 stores gets its KV captured on the engine (updates recapture, deletes
-evict), and :func:`answer` injects Mem0's search results for any of its scopes (user,
-agent, run) as KV. Importing the package turns Mem0's telemetry off (unless
-``MEM0_TELEMETRY`` is set).
+evict), and :func:`answer` (:func:`aanswer` for Mem0's ``AsyncMemory``) injects Mem0's
+search results for any of its scopes (user, agent, run) as KV. Importing the package turns
+Mem0's telemetry off (unless ``MEM0_TELEMETRY`` is set).
 
 Example:
     >>> import mem0_inferscale                                     # doctest: +SKIP
@@ -13,10 +13,11 @@ Example:
 """
 
 from mem0_inferscale import telemetry
-from mem0_inferscale.memory import answer, attach, from_engine, mem0_config, warm
+from mem0_inferscale.memory import aanswer, answer, attach, from_engine, mem0_config, warm
 from mem0_inferscale.vector_store import InferScaleVectorStore
 
 # This package runs without any network: Mem0's telemetry is off unless MEM0_TELEMETRY says.
 telemetry.switch_off()
 
-__all__ = ["InferScaleVectorStore", "answer", "attach", "from_engine", "mem0_config", "warm"]
+__all__ = ["InferScaleVectorStore", "aanswer", "answer", "attach", "from_engine", "mem0_config",
+           "warm"]

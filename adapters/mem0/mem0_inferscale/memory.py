@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
 
-from mem0 import Memory
+from mem0 import AsyncMemory, Memory
 from mem0.configs.base import mem0_dir
 
 from inferscale_memory import ChatResult, Fact, MemoryEngine, ScoredFact
 from mem0_inferscale.vector_store import InferScaleVectorStore, tenant_of
 
 EXTRACTION_MAX_TOKENS = 512
+M = TypeVar("M", Memory, AsyncMemory)
 
 
 def mem0_config(engine: MemoryEngine, *, vector_store: dict[str, Any] | None = None,
@@ -47,8 +48,9 @@ def mem0_config(engine: MemoryEngine, *, vector_store: dict[str, Any] | None = N
     }
 
 
-def attach(memory: Memory, engine: MemoryEngine) -> Memory:
-    """Have every fact ``memory`` stores keep its KV on ``engine`` (from now on).
+def attach(memory: M, engine: MemoryEngine) -> M:
+    """Have every fact ``memory`` (a ``Memory`` or ``AsyncMemory``) stores keep its KV on
+    ``engine`` (from now on).
 
     Wraps ``memory.vector_store`` in an :class:`InferScaleVectorStore`; idempotent.
     Facts stored before attaching get their KV on their first answer (recomputed from
@@ -84,7 +86,8 @@ def answer(memory: Memory, query: str, *, user_id: str | None = None,
         ...                                                           # doctest: +SKIP
 
     Args:
-        memory: A Mem0 ``Memory`` after :func:`attach`.
+        memory: A Mem0 ``Memory`` after :func:`attach` (for an ``AsyncMemory``, await
+            :func:`aanswer`).
         query: The user's question (also Mem0's search query).
         user_id: Whose memories to search and inject.
         agent_id: The agent's memories (alone, or with ``user_id`` / ``run_id``).
@@ -100,8 +103,11 @@ def answer(memory: Memory, query: str, *, user_id: str | None = None,
 
     Raises:
         ValueError: No scope id, or one given twice with different values.
-        TypeError: ``memory`` is not attached to an engine.
+        TypeError: ``memory`` is an ``AsyncMemory``, or not attached to an engine.
     """
+    if isinstance(memory, AsyncMemory):
+        raise TypeError("answer() got a mem0 AsyncMemory: "
+                        "use `await mem0_inferscale.aanswer(...)`")
     store = _store_of(memory, "answer")
     scope = _scope(filters, user_id=user_id, agent_id=agent_id, run_id=run_id)
     tenant = tenant_of(scope)
@@ -110,11 +116,32 @@ def answer(memory: Memory, query: str, *, user_id: str | None = None,
                                _facts(found, tenant), user_id=tenant, mode=mode, **options)
 
 
-def warm(memory: Memory, *, user_id: str | None = None,
+async def aanswer(memory: AsyncMemory, query: str, *, user_id: str | None = None,
+                  agent_id: str | None = None, run_id: str | None = None, k: int = 10,
+                  mode: str = "kv", messages: Sequence[dict[str, Any]] = (),
+                  filters: dict[str, Any] | None = None, **options: Any) -> ChatResult:
+    """:func:`answer` for Mem0's ``AsyncMemory``, awaitable from any event loop.
+
+    Example:
+        >>> memory = attach(AsyncMemory.from_config(mem0_config(engine)), engine)
+        >>> await aanswer(memory, "Where do I live?", user_id="caroline")  # doctest: +SKIP
+    """
+    if not isinstance(memory, AsyncMemory):
+        raise TypeError("aanswer() needs a mem0 AsyncMemory; for a Memory, call answer()")
+    store = _store_of(memory, "aanswer")
+    scope = _scope(filters, user_id=user_id, agent_id=agent_id, run_id=run_id)
+    tenant = tenant_of(scope)
+    found = await memory.search(query, top_k=k, filters=scope)
+    return await store.engine.achat([*messages, {"role": "user", "content": query}],
+                                    facts=_facts(found, tenant), user_id=tenant, mode=mode,
+                                    **options)
+
+
+def warm(memory: Memory | AsyncMemory, *, user_id: str | None = None,
          agent_id: str | None = None, run_id: str | None = None,
          filters: dict[str, Any] | None = None) -> int:
     """Capture the KV of all Mem0 memories of a scope now (as :func:`answer` takes it);
-    returns how many."""
+    returns how many. Blocks (also for an ``AsyncMemory``)."""
     store = _store_of(memory, "warm")
     scope = _scope(filters, user_id=user_id, agent_id=agent_id, run_id=run_id)
     tenant_of(scope)  # a scope id is required, as for answer
@@ -128,7 +155,7 @@ def warm(memory: Memory, *, user_id: str | None = None,
     return len(rows)
 
 
-def _store_of(memory: Memory, caller: str) -> InferScaleVectorStore:
+def _store_of(memory: Memory | AsyncMemory, caller: str) -> InferScaleVectorStore:
     store = memory.vector_store
     if not isinstance(store, InferScaleVectorStore):
         raise TypeError(f"{caller}() needs a Memory on an engine: use from_engine() or attach()")

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from mem0 import Memory
+from mem0 import AsyncMemory, Memory
 from mem0.exceptions import LLMError
 
 import mem0_inferscale
@@ -17,6 +18,7 @@ from mem0_inferscale import InferScaleVectorStore
 
 pytestmark = pytest.mark.engine
 QUESTION = "Where does Caroline live?"
+DEADLINE_S = 60  # an AsyncMemory call that hangs fails the test instead of the suite
 
 
 @pytest.fixture
@@ -184,3 +186,23 @@ def test_every_mem0_scope_is_answered_with_its_memories_injected(
     for tenant in ("m0-user", "agent:m0-agent", "run:m0-run"):
         assert kv_is_missing(engine, tenant, {every: texts[2]}) == [every]
 
+
+async def test_async_memory_is_answered_with_aanswer(engine: MemoryEngine,
+                                                     tmp_path: Path) -> None:
+    config = mem0_inferscale.mem0_config(engine, folder=str(tmp_path))
+    amemory = mem0_inferscale.attach(AsyncMemory.from_config(config), engine)
+    try:
+        added = await asyncio.wait_for(amemory.add(
+            "Tove rows on the lake every Sunday.", user_id="m0-async", infer=False), DEADLINE_S)
+        reply = await asyncio.wait_for(mem0_inferscale.aanswer(
+            amemory, "What does Tove do on Sundays?", user_id="m0-async", max_tokens=2),
+            DEADLINE_S)
+        assert reply.metrics.fact_ids == [added["results"][0]["id"]]
+        assert reply.metrics.recomputed_fact_ids == [] and reply.metrics.injected_tokens > 0
+        with pytest.raises(TypeError, match="aanswer"):
+            mem0_inferscale.answer(amemory, "What does Tove do?", user_id="m0-async")
+        with pytest.raises(TypeError, match="answer"):
+            await mem0_inferscale.aanswer(Memory.__new__(Memory), "Hi?", user_id="m0-async")
+    finally:
+        amemory.vector_store.client.close()
+        amemory.close()
