@@ -21,25 +21,18 @@ from llama_index.core.bridge.pydantic import ConfigDict, Field
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
 from llama_index.core.llms.llm import LLM
 
-from inferscale_memory import (
-    ChatChunk,
-    ChatResult,
-    Fact,
-    MemoryEngine,
-    ScoredFact,
-)
+from inferscale_memory import ChatChunk, ChatResult, MemoryEngine
 from inferscale_memory.integrations import (
     achat_or_plain,
     astream_or_plain,
     default_engine,
     stream_or_plain,
 )
+from llama_index_inferscale.handover import FactsMessage, handed_facts
 
-MEMORY_KEY = "inferscale_memory"
 # Sampling parameters, as constructor fields and call keywords (checked by the engine).
 SAMPLING = ("temperature", "max_tokens", "seed", "top_p", "top_k", "presence_penalty",
             "frequency_penalty", "stop")
-"""``additional_kwargs`` key of the message :class:`InferScaleMemoryBlock` hands over."""
 ROLES = {MessageRole.SYSTEM: "system", MessageRole.USER: "user",
          MessageRole.ASSISTANT: "assistant", MessageRole.DEVELOPER: "system"}
 
@@ -48,8 +41,9 @@ class InferScaleLLM(LLM):
     """LLM on an inferscale-memory engine: the user's facts are injected as KV.
 
     Facts come from an :class:`~llama_index_inferscale.InferScaleMemoryBlock` in the
-    chat's ``Memory`` (it hands them over in a message, never as pasted text), or, when
-    there is none, from the engine's own retrieval for ``user_id``.
+    chat's ``Memory`` (its message is taken out of the conversation: the facts' KV is
+    injected instead of their text), or, when there is none, from the engine's own
+    retrieval for ``user_id``.
 
     Example:
         .. code-block:: python
@@ -84,7 +78,8 @@ class InferScaleLLM(LLM):
     presence_penalty: float | None = Field(default=None)
     frequency_penalty: float | None = Field(default=None)
     stop: list[str] | None = Field(default=None)
-    context_window: int = Field(default=4096, description="Reported to LlamaIndex.")
+    context_window: int | None = Field(default=None, description=(
+        "Reported to LlamaIndex; None: the engine's context (its max_model_len)."))
 
     @classmethod
     def class_name(cls) -> str:
@@ -92,11 +87,13 @@ class InferScaleLLM(LLM):
 
     @property
     def metadata(self) -> LLMMetadata:
-        name = self.engine.model_path.name if self.engine is not None else (
-            self.model or "SmolLM2-135M-Instruct")
-        return LLMMetadata(context_window=self.context_window,
-                           num_output=self.max_tokens or 128, is_chat_model=True,
-                           is_function_calling_model=False, model_name=name)
+        # LlamaIndex sizes memories and prompts from context_window (CondensePlusContext's
+        # Memory takes context_window - 256 tokens), so it is the engine's, not a guess.
+        engine = self._engine()
+        return LLMMetadata(
+            context_window=self.context_window or engine.runtime.max_model_len,
+            num_output=self.max_tokens or 128, is_chat_model=True,
+            is_function_calling_model=False, model_name=engine.model_path.name)
 
     # -- chat -----------------------------------------------------------------------------
 
@@ -164,27 +161,31 @@ class InferScaleLLM(LLM):
         if handed is not None:  # facts from InferScaleMemoryBlock: no retrieval here
             kwargs.pop("user_id", None)
             kwargs.pop("k", None)
-            options.update(user_id=handed["user_id"], facts=_facts(handed["facts"]))
+            user_id, facts = handed_facts(handed)
+            options.update(user_id=user_id, facts=facts)
         else:
             options.update(user_id=kwargs.pop("user_id", self.user_id),
                            k=kwargs.pop("k", self.k))
         if kwargs:
             raise ValueError(f"InferScaleLLM got unknown call options {sorted(kwargs)}; it "
                              f"takes {sorted({*SAMPLING, 'mode', 'user_id', 'k'})}")
-        engine = self.engine if self.engine is not None else default_engine(self.model)
+        engine = self._engine()
         request = {"messages": conversation,
                    **{key: value for key, value in options.items() if value is not None}}
         return engine, request
 
+    def _engine(self) -> MemoryEngine:
+        return self.engine if self.engine is not None else default_engine(self.model)
+
 
 def _split_memory(messages: Sequence[ChatMessage]
-                  ) -> tuple[dict[str, Any] | None, list[dict[str, str]]]:
+                  ) -> tuple[FactsMessage | None, list[dict[str, str]]]:
     """Take the memory block's hand-over message out; the rest as OpenAI-style dicts."""
     handed = None
     conversation = []
     for message in messages:
-        if MEMORY_KEY in message.additional_kwargs:
-            handed = message.additional_kwargs[MEMORY_KEY]
+        if isinstance(message, FactsMessage):
+            handed = message
             continue
         role = ROLES.get(message.role)
         if role is None:
@@ -192,12 +193,6 @@ def _split_memory(messages: Sequence[ChatMessage]
                              "only system, user and assistant (no tools)")
         conversation.append({"role": role, "content": message.content or ""})
     return handed, conversation
-
-
-def _facts(items: list[dict[str, Any]]) -> list[ScoredFact]:
-    return [ScoredFact(Fact(item["id"], item["user_id"], item["text"], item["metadata"],
-                            item["created_at"], item["updated_at"]), item["score"])
-            for item in items]
 
 
 def _memory(result: ChatResult) -> dict[str, Any]:

@@ -1,9 +1,11 @@
 """InferScaleMemoryBlock: a user's facts for LlamaIndex's ``Memory``, handed over for injection.
 
-LlamaIndex's ``Memory`` pastes what its blocks return into the prompt. This block returns
-no text: it returns one empty message whose ``additional_kwargs`` carry the retrieved
-facts, and :class:`~llama_index_inferscale.InferScaleLLM` takes that message out of the
-conversation and has the engine inject the facts' KV. Another LLM sees an empty message.
+LlamaIndex's ``Memory`` puts what its blocks return into the prompt. This block returns
+one system message with the retrieved facts as text, which also carries the facts
+themselves (:mod:`llama_index_inferscale.handover`):
+:class:`~llama_index_inferscale.InferScaleLLM` takes that message out of the conversation
+and has the engine inject the facts' KV; any other LLM reads the facts' text. ``Memory``
+counts the message as the facts' text, which is what the prompt holds either way.
 """
 
 from __future__ import annotations
@@ -17,11 +19,12 @@ from llama_index.core.memory.memory import BaseMemoryBlock
 
 from inferscale_memory import MemoryEngine, ScoredFact, UnknownUserError
 from inferscale_memory.integrations import default_engine
-from llama_index_inferscale.llms import MEMORY_KEY
+from llama_index_inferscale.handover import facts_message
 
 
 class InferScaleMemoryBlock(BaseMemoryBlock[list[ChatMessage]]):
-    """Long-term memory block: ``user_id``'s facts, injected as KV by :class:`InferScaleLLM`.
+    """Long-term memory block: ``user_id``'s facts, injected as KV by :class:`InferScaleLLM`
+    (and read as text by any other LLM).
 
     Example:
         .. code-block:: python
@@ -57,9 +60,7 @@ class InferScaleMemoryBlock(BaseMemoryBlock[list[ChatMessage]]):
         hits = await asyncio.to_thread(self._search, query)
         if not hits:
             return []
-        handed = {"user_id": self.user_id, "facts": [hit.to_dict() for hit in hits]}
-        return [ChatMessage(role=MessageRole.SYSTEM, content="",
-                            additional_kwargs={MEMORY_KEY: handed})]
+        return [facts_message(self.user_id, hits)]
 
     async def _aput(self, messages: list[ChatMessage]) -> None:
         if not self.store_user_messages:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from llama_index.core.base.llms.types import ChatMessage, ChatResponse
@@ -100,3 +102,11 @@ def test_unknown_parameters_are_refused_at_construction_and_call(engine: MemoryE
         InferScaleLLM(engine=engine, top_q=0.9)
     with pytest.raises(ValueError, match="unknown call options"):
         InferScaleLLM(engine=engine).chat(ask("Hi"), top_q=0.9)
+
+
+def test_context_window_is_the_engines(engine: MemoryEngine) -> None:
+    assert InferScaleLLM(engine=engine).metadata.context_window == engine.runtime.max_model_len
+    longer = SimpleNamespace(runtime=SimpleNamespace(max_model_len=8192),  # stands in for
+                             model_path=Path("SmolLM2-135M-Instruct"))     # an 8k engine
+    assert InferScaleLLM(engine=longer).metadata.context_window == 8192
+    assert InferScaleLLM(engine=engine, context_window=1000).metadata.context_window == 1000
