@@ -23,11 +23,9 @@ from inferscale_memory.models import (
 
 def _shared_cache_dir() -> Path:
     """The cache the library uses by default, so the suite converts the model only once."""
-    env = os.environ.get("INFERSCALE_CACHE_DIR")
-    if env:
-        return Path(env).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "inferscale-memory"
+    from inferscale_memory.config import MemoryConfig
+
+    return MemoryConfig.load().cache_dir
 
 
 @pytest.fixture(scope="module")

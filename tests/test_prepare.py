@@ -62,11 +62,10 @@ class FakePip:
 
 
 def _shared_cache_dir() -> Path:
-    env = os.environ.get("INFERSCALE_CACHE_DIR")
-    if env:
-        return Path(env).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "inferscale-memory"
+    """The cache the library uses by default, so the suite converts the model only once."""
+    from inferscale_memory.config import MemoryConfig
+
+    return MemoryConfig.load().cache_dir
 
 
 def test_the_embedder_is_installed_alone_into_this_interpreter(
