@@ -24,6 +24,7 @@ from inferscale_memory.integrations import (
     default_engine,
     stream_or_plain,
 )
+from langchain_inferscale.injection import afacts_for, facts_for, without_memory
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 MEMORY_KEYS = ("user_id", "k", "mode")
@@ -73,6 +74,10 @@ class ChatInferScale(BaseChatModel):
             llm.invoke("Where do I live?", config={"configurable": {"user_id": "bob"}})
 
     Stream / async / batch: ``stream``, ``astream``, ``ainvoke``, ``batch``, ``abatch``.
+
+    Facts whose text the prompt already holds (e.g. pasted by an
+    :class:`~langchain_inferscale.InferScaleRetriever` chain) are not injected again:
+    ``response_metadata["memory"]["skipped_in_prompt"]`` lists them.
 
     Tool calling is not supported: :meth:`bind_tools` raises ``NotImplementedError``.
     """
@@ -161,22 +166,25 @@ class ChatInferScale(BaseChatModel):
                   run_manager: CallbackManagerForLLMRun | None = None,
                   **kwargs: Any) -> ChatResult:
         engine, request = self._request(messages, stop, kwargs)
+        skipped = facts_for(engine, request)
         result = engine.arun(achat_or_plain(engine, request, self.timeout))
-        return self._chat_result(result, request["user_id"])
+        return self._chat_result(engine, result, request["user_id"], skipped)
 
     async def _agenerate(self, messages: list[BaseMessage], stop: list[str] | None = None,
                          run_manager: AsyncCallbackManagerForLLMRun | None = None,
                          **kwargs: Any) -> ChatResult:
         engine, request = self._request(messages, stop, kwargs)
+        skipped = await afacts_for(engine, request)
         result = await achat_or_plain(engine, request, self.timeout)
-        return self._chat_result(result, request["user_id"])
+        return self._chat_result(engine, result, request["user_id"], skipped)
 
     def _stream(self, messages: list[BaseMessage], stop: list[str] | None = None,
                 run_manager: CallbackManagerForLLMRun | None = None,
                 **kwargs: Any) -> Iterator[ChatGenerationChunk]:
         engine, request = self._request(messages, stop, kwargs)
+        skipped = facts_for(engine, request)
         for piece in stream_or_plain(engine, request):
-            chunk = self._chunk(piece, request["user_id"])
+            chunk = self._chunk(engine, piece, request["user_id"], skipped)
             if run_manager and piece.text:
                 run_manager.on_llm_new_token(piece.text, chunk=chunk)
             yield chunk
@@ -185,8 +193,9 @@ class ChatInferScale(BaseChatModel):
                        run_manager: AsyncCallbackManagerForLLMRun | None = None,
                        **kwargs: Any) -> AsyncIterator[ChatGenerationChunk]:
         engine, request = self._request(messages, stop, kwargs)
+        skipped = await afacts_for(engine, request)
         async for piece in astream_or_plain(engine, request):
-            chunk = self._chunk(piece, request["user_id"])
+            chunk = self._chunk(engine, piece, request["user_id"], skipped)
             if run_manager and piece.text:
                 await run_manager.on_llm_new_token(piece.text, chunk=chunk)
             yield chunk
@@ -215,23 +224,28 @@ class ChatInferScale(BaseChatModel):
                    **{key: value for key, value in options.items() if value not in (None, [])}}
         return self._engine(), request
 
-    def _chat_result(self, result: MemoryResult, user_id: str | None) -> ChatResult:
+    def _chat_result(self, engine: MemoryEngine, result: MemoryResult, user_id: str | None,
+                     skipped: list[str]) -> ChatResult:
         message = AIMessage(content=result.text, usage_metadata=_usage(result),
-                            response_metadata=self._metadata(result, user_id))
+                            response_metadata=self._metadata(engine, result, user_id, skipped))
         return ChatResult(generations=[ChatGeneration(message=message)],
                           llm_output={"model_name": self._model_label})
 
-    def _chunk(self, piece: ChatChunk, user_id: str | None) -> ChatGenerationChunk:
+    def _chunk(self, engine: MemoryEngine, piece: ChatChunk, user_id: str | None,
+               skipped: list[str]) -> ChatGenerationChunk:
         if piece.result is None:
             return ChatGenerationChunk(message=AIMessageChunk(content=piece.text))
         message = AIMessageChunk(content=piece.text, usage_metadata=_usage(piece.result),
-                                 response_metadata=self._metadata(piece.result, user_id),
+                                 response_metadata=self._metadata(engine, piece.result,
+                                                                  user_id, skipped),
                                  chunk_position="last")
         return ChatGenerationChunk(message=message)
 
-    def _metadata(self, result: MemoryResult, user_id: str | None) -> dict[str, Any]:
-        memory = {"user_id": user_id, "without_memory": _without_memory(result, user_id),
-                  **dataclasses.asdict(result.metrics)}
+    def _metadata(self, engine: MemoryEngine, result: MemoryResult, user_id: str | None,
+                  skipped: list[str]) -> dict[str, Any]:
+        memory = {"user_id": user_id,
+                  "without_memory": without_memory(engine, result, user_id, skipped),
+                  "skipped_in_prompt": skipped, **dataclasses.asdict(result.metrics)}
         return {"model_name": self._model_label, "finish_reason": result.finish_reason,
                 "memory": memory}
 
@@ -260,16 +274,6 @@ def _looks_like_ours(key: str) -> str | None:
     # Only user_id is long enough to misspell ("mode" is one letter from LangChain's "model").
     close = difflib.get_close_matches(key.lower(), ["user_id"], n=1, cutoff=0.8)
     return close[0] if close else None
-
-
-def _without_memory(result: MemoryResult, user_id: str | None) -> str | None:
-    """Why an answer used no fact (``None`` when it used some)."""
-    if result.metrics.fact_ids:
-        return None
-    if user_id is None:
-        return ("no user_id: set it on the model, per call, or in config['configurable']"
-                "['user_id']")
-    return f"user {user_id!r} has no facts yet (add them with engine.memory.add)"
 
 
 def _to_openai(messages: list[BaseMessage]) -> list[dict[str, str]]:

@@ -23,6 +23,9 @@ class InferScaleRetriever(BaseRetriever):
 
     The facts are the ones :class:`~langchain_inferscale.ChatInferScale` injects as KV;
     use the retriever where a chain needs their text (citations, a reranker, another LLM).
+    Each document's ``metadata["inferscale_fact_id"]`` is its fact's id. A
+    ``ChatInferScale`` that answers a prompt holding a fact's text does not inject that
+    fact again (``response_metadata["memory"]["skipped_in_prompt"]``).
 
     Instantiate:
         .. code-block:: python
@@ -86,7 +89,9 @@ def _configured(config: RunnableConfig | None) -> dict[str, Any]:
 
 def _document(hit: ScoredFact) -> Document:
     fact = hit.fact
-    metadata = {**fact.metadata, "fact_id": fact.id, "user_id": fact.user_id,
+    # inferscale_fact_id marks the document as one of the facts ChatInferScale injects.
+    metadata = {**fact.metadata, "fact_id": fact.id, "inferscale_fact_id": fact.id,
+                "user_id": fact.user_id,
                 "score": hit.score, "created_at": fact.created_at,
                 "updated_at": fact.updated_at}
     return Document(page_content=fact.text, metadata=metadata, id=fact.id)

@@ -165,3 +165,42 @@ def test_an_answer_without_memory_says_why(engine: MemoryEngine) -> None:
     assert "has no facts" in memory_of(unknown)["without_memory"]
     assert memory_of(unknown)["user_id"] == "lc-why-nobody"
     assert memory_of(known)["without_memory"] is None and memory_of(known)["fact_ids"]
+
+
+def test_a_fact_pasted_by_the_chain_is_not_also_injected(engine: MemoryEngine) -> None:
+    from langchain_core.prompts import ChatPromptTemplate
+    from langchain_core.runnables import RunnablePassthrough
+
+    lives, cat = engine.memory.add(["Nora lives in Lisbon.", "Nora has a cat named Pixel."],
+                                   user_id="lc-chain")
+    retriever = InferScaleRetriever(engine=engine, k=1)
+    model = ChatInferScale(engine=engine, k=2, max_tokens=4)
+    prompt = ChatPromptTemplate.from_messages([("system", "Facts:\n{facts}"),
+                                               ("human", "{question}")])
+    chain = ({"facts": retriever | (lambda docs: "\n".join(d.page_content for d in docs)),
+              "question": RunnablePassthrough()} | prompt | model)
+    config = {"configurable": {"user_id": "lc-chain"}}
+    question = "Where does Nora live?"
+
+    pasted = retriever.invoke(question, config=config)
+    assert [doc.metadata["inferscale_fact_id"] for doc in pasted] == [pasted[0].id]
+    injected = {lives.id, cat.id} - {pasted[0].id}
+    reply = chain.invoke(question, config=config)
+    assert memory_of(reply)["skipped_in_prompt"] == [pasted[0].id]
+    assert set(memory_of(reply)["fact_ids"]) == injected  # the other fact is still injected
+    assert memory_of(reply)["without_memory"] is None
+
+    plain = model.invoke(question, config=config)  # nothing pasted: both are injected
+    assert set(memory_of(plain)["fact_ids"]) == {lives.id, cat.id}
+    assert memory_of(plain)["skipped_in_prompt"] == []
+
+
+async def test_async_and_streaming_calls_skip_pasted_facts(engine: MemoryEngine) -> None:
+    fact = engine.memory.add("Omar plays the oboe.", user_id="lc-chain-async")
+    model = ChatInferScale(engine=engine, user_id="lc-chain-async", k=1, max_tokens=4)
+    pasted = [("system", f"Facts:\n- {fact.text}"), ("human", "What does Omar play?")]
+    for reply in (await model.ainvoke(pasted), list(model.stream(pasted))[-1],
+                  [chunk async for chunk in model.astream(pasted)][-1]):
+        assert memory_of(reply)["skipped_in_prompt"] == [fact.id]
+        assert memory_of(reply)["fact_ids"] == []
+        assert "in the prompt" in memory_of(reply)["without_memory"]

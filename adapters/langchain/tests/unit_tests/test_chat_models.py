@@ -86,3 +86,18 @@ def test_other_configurable_keys_pass() -> None:
     config = {"configurable": {"thread_id": "t", "checkpoint_ns": "", "__pregel_x": 1,
                                "model": "m", "session_id": "s"}}
     assert _from_config(config, {}) == {}
+
+
+def test_facts_already_in_the_prompt_are_found_by_their_text() -> None:
+    from inferscale_memory import Fact, ScoredFact
+    from langchain_inferscale.injection import split_pasted
+
+    def scored(fact_id: str, text: str) -> ScoredFact:
+        return ScoredFact(Fact(fact_id, "u", text, {}, 0.0, 0.0), 1.0)
+
+    facts = [scored("a", "Nora lives in Lisbon."), scored("b", "Nora has a cat.")]
+    messages = [{"role": "system", "content": "Facts:\n- Nora lives\n  in Lisbon."},
+                {"role": "user", "content": "Where does Nora live?"}]
+    kept, skipped = split_pasted(facts, messages)
+    assert [f.fact.id for f in kept] == ["b"] and skipped == ["a"]
+    assert split_pasted(facts, messages[1:]) == (facts, [])
