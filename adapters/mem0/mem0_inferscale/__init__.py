@@ -14,10 +14,10 @@ Example:
 
 from mem0_inferscale import telemetry
 from mem0_inferscale.memory import aanswer, answer, attach, from_engine, mem0_config, warm
-from mem0_inferscale.vector_store import InferScaleVectorStore
+from mem0_inferscale.vector_store import InferScaleVectorStore, attached
 
 # This package runs without any network: Mem0's telemetry is off unless MEM0_TELEMETRY says.
 telemetry.switch_off()
 
-__all__ = ["InferScaleVectorStore", "aanswer", "answer", "attach", "from_engine", "mem0_config",
-           "warm"]
+__all__ = ["InferScaleVectorStore", "aanswer", "answer", "attach", "attached", "from_engine",
+           "mem0_config", "warm"]

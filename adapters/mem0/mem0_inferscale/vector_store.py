@@ -9,6 +9,7 @@ memory carries (:func:`tenants_of`), so a search by any of its scopes can inject
 
 from __future__ import annotations
 
+import weakref
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -20,6 +21,15 @@ from inferscale_memory import Fact, MemoryEngine
 RESET_BATCH = 1000
 SCOPES = ("user_id", "agent_id", "run_id")  # Mem0's scope ids, in the order tenant_of picks
 PREFIXES = {"user_id": "", "agent_id": "agent:", "run_id": "run:"}
+# Engines a Mem0 memory was attached to: their chat models warn that Mem0's facts are not
+# in the engine's store (langchain_inferscale.injection).
+_engines: weakref.WeakSet[MemoryEngine] = weakref.WeakSet()
+
+
+def attached(engine: MemoryEngine) -> bool:
+    """Whether a Mem0 memory was attached to ``engine`` in this process: its facts are
+    then in Mem0's store, and ``engine.memory`` and ``ChatInferScale`` do not see them."""
+    return engine in _engines
 
 
 def scope_ids(scope: Mapping[str, Any]) -> dict[str, str]:
@@ -69,6 +79,7 @@ class InferScaleVectorStore(VectorStoreBase):
     def __init__(self, inner: VectorStoreBase, engine: MemoryEngine) -> None:
         self.inner = inner
         self.engine = engine
+        _engines.add(engine)
 
     def __getattr__(self, name: str) -> Any:
         # Provider attributes Mem0 reads (client, collection_name, ...) are the inner store's.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -206,3 +207,30 @@ async def test_async_memory_is_answered_with_aanswer(engine: MemoryEngine,
     finally:
         amemory.vector_store.client.close()
         amemory.close()
+
+
+def ours(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [r for r in caplog.records
+            if r.name.startswith("langchain_inferscale") and r.levelno >= logging.WARNING]
+
+
+def test_chat_model_warns_once_that_mem0s_facts_are_not_the_engines(
+        memory: Memory, engine: MemoryEngine, caplog: pytest.LogCaptureFixture,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from langchain_inferscale import ChatInferScale, injection
+
+    monkeypatch.setattr(injection, "_warned_two_memories", False)  # once per process
+    memory.add("Ines moved to Porto.", user_id="m0-two", infer=False)
+    engine.memory.add("Ines has a red bike.", user_id="m0-two-engine")
+    assert mem0_inferscale.attached(engine)
+    with caplog.at_level(logging.WARNING, logger="langchain_inferscale"):
+        own = ChatInferScale(engine=engine, user_id="m0-two-engine", max_tokens=2).invoke("Hi")
+        assert not ours(caplog)  # the engine's own user: nothing to say
+        model = ChatInferScale(engine=engine, user_id="m0-two", max_tokens=2)
+        first, second = model.invoke("Where do I live?"), model.invoke("Where do I live?")
+    warnings = ours(caplog)
+    assert len(warnings) == 1 and "Mem0" in warnings[0].getMessage()
+    assert "mem0_inferscale.answer" in warnings[0].getMessage()
+    assert own.response_metadata["memory"]["fact_ids"]
+    assert first.response_metadata["memory"]["fact_ids"] == []
+    assert "Mem0" in second.response_metadata["memory"]["without_memory"]
