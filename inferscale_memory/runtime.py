@@ -143,10 +143,19 @@ class VllmRuntime:
         if self._closed:
             coro.close()
             raise EngineClosedError("the engine is closed; start a new MemoryEngine")
-        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        future = asyncio.run_coroutine_threadsafe(self._closing_fails(coro), self._loop)
         self._pending.add(future)
         future.add_done_callback(self._pending.discard)
         return future
+
+    async def _closing_fails(self, coro: Coroutine[Any, Any, T]) -> T:
+        """``coro``, failing with :class:`EngineClosedError` when ``close()`` cancels it."""
+        try:
+            return await coro
+        except asyncio.CancelledError:
+            if self._closed:
+                raise EngineClosedError("the engine was closed") from None
+            raise
 
     async def call(self, coro: Coroutine[Any, Any, T]) -> T:
         """Await ``coro`` on the engine loop from whatever loop the caller runs on (the
@@ -266,20 +275,34 @@ class VllmRuntime:
         failed = bool(getattr(self._llm, "errored", False))
         try:
             # vLLM cancels its output handler only after its engine process is gone, and
-            # the handler logs that death as an error: stop it first.
-            with contextlib.suppress(Exception):
-                asyncio.run_coroutine_threadsafe(self._stop_output_handler(),
-                                                 self._loop).result(10)
+            # the handler logs that death as an error: stop it first. Then the requests in
+            # flight: their waits fail with EngineClosedError, vLLM aborts them.
+            self._on_loop(self._stop_output_handler())
+            self._on_loop(self._cancel_tasks())
             self._llm.shutdown(timeout=SHUTDOWN_TIMEOUT_S)
         finally:
             # Drop vLLM's engine now: its __del__ shuts down again, which fails if it
             # runs during interpreter teardown (vLLM 0.32).
             self._llm = None
-            for future in list(self._pending):  # nothing will finish them now
+            self._stop_loop()
+            for future in list(self._pending):  # if the loop could not finish them
                 if not future.done():
                     future.set_exception(EngineClosedError("the engine was closed"))
-            self._stop_loop()
             self._log.close(failed=failed)
+
+    def _on_loop(self, coro: Coroutine[Any, Any, None], timeout: float = 10) -> None:
+        """Run ``coro`` on the engine loop and wait (best effort: close() goes on)."""
+        if not self._loop.is_running():
+            coro.close()
+            return
+        with contextlib.suppress(Exception):
+            asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    async def _cancel_tasks(self) -> None:
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _stop_output_handler(self) -> None:
         handler = getattr(self._llm, "output_handler", None)
@@ -288,15 +311,7 @@ class VllmRuntime:
             await asyncio.gather(handler, return_exceptions=True)
 
     def _stop_loop(self) -> None:
-        async def cancel_tasks() -> None:
-            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-
-        if self._loop.is_running():
-            with contextlib.suppress(Exception):  # no task is left pending at exit
-                asyncio.run_coroutine_threadsafe(cancel_tasks(), self._loop).result(10)
+        self._on_loop(self._cancel_tasks())  # no task is left pending at exit
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10)
         if not self._thread.is_alive():

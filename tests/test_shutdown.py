@@ -12,13 +12,12 @@ import signal
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 from pathlib import Path
 
 import psutil
 import pytest
-from test_orphans import alive, free_port
+from serve_process import ServeProcess, alive
 
 pytestmark = pytest.mark.engine
 
@@ -26,10 +25,14 @@ SCRIPT = """
 import os, sys, psutil
 from inferscale_memory import MemoryEngine
 
+def engine_processes():  # multiprocessing's resource tracker lives until this one exits
+    return [p.pid for p in psutil.Process().children(recursive=True)
+            if "resource_tracker" not in " ".join(p.cmdline())]
+
 def answer(engine):
     reply = engine.chat([{"role": "user", "content": "Say hi."}], max_tokens=4)
     print("answer:", bool(reply.text), flush=True)
-    print("children:", *[p.pid for p in psutil.Process().children(recursive=True)], flush=True)
+    print("children:", *engine_processes(), flush=True)
 
 if __name__ == "__main__":
     options = dict(store_path=":memory:", kv_cache_gb=1, max_model_len=2048,
@@ -37,7 +40,7 @@ if __name__ == "__main__":
     if sys.argv[1] == "close":
         with MemoryEngine(**options) as engine:
             answer(engine)
-        print("left:", *[p.pid for p in psutil.Process().children(recursive=True)])
+        print("left:", *engine_processes())
     elif sys.argv[1] == "exit":
         engine = MemoryEngine(**options)  # never closed: the interpreter's exit does it
         answer(engine)
@@ -110,7 +113,7 @@ def test_a_program_prints_only_its_own_lines_and_leaves_no_process(tmp_path: Pat
     if mode == "close":
         assert out.splitlines()[-1] == "left:"  # none once close() returned
     assert_gone(children)
-    assert not list((tmp_path / "tmp").iterdir())  # vLLM's log file is removed
+    assert not list((tmp_path / "tmp").glob("inferscale-vllm-*"))  # vLLM's log is removed
 
 
 def test_ctrl_c_stops_the_program_cleanly(tmp_path: Path) -> None:
@@ -122,31 +125,16 @@ def test_ctrl_c_stops_the_program_cleanly(tmp_path: Path) -> None:
 
 
 def test_the_server_stops_on_a_signal_with_only_its_own_lines(tmp_path: Path) -> None:
-    server = subprocess.Popen(
-        [sys.executable, "-m", "inferscale_memory.cli", "serve", "--port", str(free_port())],
-        env=env(tmp_path, INFERSCALE_STORE_PATH=str(tmp_path / "memory.sqlite"),
-                INFERSCALE_KV_CACHE_GB="1", INFERSCALE_MAX_MODEL_LEN="2048"),
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    ready = threading.Event()
-    output: list[str] = []
-
-    def read() -> None:
-        assert server.stdout is not None
-        for line in server.stdout:
-            output.append(line)
-            if "serving" in line and "/v1" in line:
-                ready.set()
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
+    server = ServeProcess(env(tmp_path, INFERSCALE_STORE_PATH=str(tmp_path / "memory.sqlite"),
+                              INFERSCALE_KV_CACHE_GB="1", INFERSCALE_MAX_MODEL_LEN="2048"),
+                          start_new_session=True)
     try:
-        assert ready.wait(600), "".join(output[-40:])
-        children = [p.pid for p in psutil.Process(server.pid).children(recursive=True)]
-        os.killpg(server.pid, signal.SIGINT)  # Ctrl-C in its terminal
-        assert server.wait(120) == 0, "".join(output)
-        reader.join(10)
+        children = [p.pid for p in server.wait_ready()]
+        os.killpg(server.process.pid, signal.SIGINT)  # Ctrl-C in its terminal
+        assert server.process.wait(120) == 0, "".join(server.output)
     finally:
-        server.kill()
+        server.finish()
+    output = server.output
     # Only the project's own lines: its log records and the serving line.
     own = [line for line in output
            if line.startswith(("INFO inferscale_memory", "inferscale-memory serving"))

@@ -150,8 +150,6 @@ def serve(model: str | None = None, host: str | None = None, port: int = 8000,
     try:
         app = create_app(engine, keys, max_tokens_limit=max_tokens_limit)
         handle = start_server(app, engine, host, port)
-        print(f"inferscale-memory serving {engine.model_path.name} on {handle.url}/v1",
-              flush=True)
         signalled = threading.Event()
 
         def on_signal(signum: int, frame: Any) -> None:
@@ -166,6 +164,9 @@ def serve(model: str | None = None, host: str | None = None, port: int = 8000,
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGINT, signal.SIGTERM):
                 signal.signal(sig, on_signal)
+        # Printed once a signal stops the server in order (a supervisor may send one now).
+        print(f"inferscale-memory serving {engine.model_path.name} on {handle.url}/v1",
+              flush=True)
         handle.wait()
         logger.info("server stopped; finishing background recaptures, then the engine")
         try:
