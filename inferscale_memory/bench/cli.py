@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from inferscale_memory.config import QUALITY_FIELDS
+from inferscale_memory.config import CONTEXT_SOURCES, QUALITY_FIELDS
 
 if TYPE_CHECKING:
     from inferscale_memory.bench.run_folder import RunFolder
@@ -62,9 +62,10 @@ def add_bench_parser(commands: Any) -> None:
     locomo.add_argument("--capture-context", type=int, default=None, metavar="N",
                         help="capture each fact after N earlier facts "
                              "(default: the config's capture_context)")
-    locomo.add_argument("--capture-context-from", choices=("recent", "similar"), default=None,
-                        help="which earlier facts: the ones added just before, or the most "
-                             "similar ones (default: the config's capture_context_from)")
+    locomo.add_argument("--capture-context-from", choices=CONTEXT_SOURCES, default=None,
+                        help="which earlier facts: the ones added just before, the most "
+                             "similar ones in the order added, or the same nearest last "
+                             "(default: the config's capture_context_from)")
     locomo.add_argument("--concurrency", type=int, default=16,
                         help="requests in flight at once (1: every question alone)")
     locomo.add_argument("--sequential", type=int, default=3, metavar="Q",
