@@ -24,7 +24,7 @@ from inferscale_memory.errors import ConfigError
 ENV_PREFIX = "INFERSCALE_"
 INDEX_BACKENDS = ("exact", "qdrant")
 FACT_ORDERS = ("rank", "time")
-CONTEXT_SOURCES = ("recent", "similar", "nearest")
+CONTEXT_SOURCES = ("recent", "similar")
 # The fields of the answer-quality policy (docs/quality.md).
 QUALITY_FIELDS = ("fact_order", "recompute_tail", "capture_context", "capture_context_from")
 MAX_CAPTURE_CONTEXT = 32
@@ -103,9 +103,7 @@ class MemoryConfig:
             the header. Costs capture tokens only, nothing at answer time.
         capture_context_from: Which earlier facts form that context: ``"recent"`` (the
             ones added just before the fact) or ``"similar"`` (the user's facts most
-            similar to it, as a retrieval would put them beside it, in the order added) or
-            ``"nearest"`` (the same facts, least similar first: the most similar one sits
-            right before the fact).
+            similar to it, as a retrieval would put them beside it, in the order added).
     """
 
     model: str | None = None
@@ -134,7 +132,7 @@ class MemoryConfig:
     qdrant_collection: str = "inferscale_facts"
     fact_order: str = "rank"
     recompute_tail: int = 4
-    capture_context: int = 16
+    capture_context: int = 4
     capture_context_from: str = "similar"
 
     def __post_init__(self) -> None:

@@ -159,27 +159,23 @@ class EngineMemory:
             return {}
         timeline = await self._in_thread(self.store.list, user_id=user_id)
         position = {fact.id: i for i, fact in enumerate(timeline)}
-        source = self._engine.config.capture_context_from
+        similar = self._engine.config.capture_context_from == "similar"
         contexts = {}
         for fact in facts:
-            if source != "recent":
-                before = await self._in_thread(self._similar, user_id, fact, count, position,
-                                               source == "nearest")
+            if similar:
+                before = await self._in_thread(self._similar, user_id, fact, count, position)
             else:
                 end = position.get(fact.id, 0)
                 before = [f.text for f in timeline[max(0, end - count):end]]
             contexts[fact.id] = tuple(before)
         return contexts
 
-    def _similar(self, user_id: str, fact: Fact, count: int, position: dict[str, int],
-                 nearest_last: bool = False) -> list[str]:
-        """The texts of the ``count`` facts of ``user_id`` most similar to ``fact`` (the
-        fact itself excluded), in the order they were added, or with ``nearest_last``
-        from the least similar to the most similar, which then sits right before it."""
+    def _similar(self, user_id: str, fact: Fact, count: int,
+                 position: dict[str, int]) -> list[str]:
+        """The texts of the ``count`` facts of ``user_id`` most similar to ``fact``, in
+        the order they were added (the fact itself excluded)."""
         found = self.store.search(fact.text, user_id=user_id, k=count + 1)
         near = [s.fact for s in found if s.fact.id != fact.id][:count]
-        if nearest_last:
-            return [f.text for f in reversed(near)]
         return [f.text for f in sorted(near, key=lambda f: position.get(f.id, 0))]
 
     def _fit(self, context: Sequence[str], text: str, budget: int) -> tuple[str, ...]:

@@ -22,7 +22,7 @@
 set -uo pipefail
 Q=${QUALITY_DIR:-/tmp/quality} STAGE=${VLLM_STAGE:-/tmp/vllm-stage} MODELS=${MODELS_DIR:-/tmp}
 DATA=.bundle/data/locomo-dev.json
-: "${SETTINGS05:=base=rank,0,0 t4=rank,4,0 c16=rank,0,16 t4c16=rank,4,16 t4c32=rank,4,32 t4n16=rank,4,16,similar}"
+: "${SETTINGS05:=base=rank,0,0 t4n4=rank,4,4,similar t4n8=rank,4,8,similar t4n16=rank,4,16,similar}"
 : "${SYNTHETIC_ARGS:=}" "${K05:=5,10,20,50}" "${K15:=10,50}" "${SETTINGS15:=}" "${SEQUENTIAL:=2}"
 
 log() { echo "[$(date +%T) +$(( $(date +%s) - t0 ))s] $*"; }

@@ -86,7 +86,7 @@ def test_quality_levers_from_env_and_their_defaults(monkeypatch: pytest.MonkeyPa
     defaults = MemoryConfig.load()
     # The quality-safe default of docs/quality.md (GPU, LoCoMo, two models).
     assert (defaults.fact_order, defaults.recompute_tail, defaults.capture_context,
-            defaults.capture_context_from) == ("rank", 4, 16, "similar")
+            defaults.capture_context_from) == ("rank", 4, 4, "similar")
     monkeypatch.setenv("INFERSCALE_FACT_ORDER", "time")
     monkeypatch.setenv("INFERSCALE_RECOMPUTE_TAIL", "2")
     monkeypatch.setenv("INFERSCALE_CAPTURE_CONTEXT", "3")

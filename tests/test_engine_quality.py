@@ -187,22 +187,6 @@ def test_similar_context_captures_a_fact_after_its_nearest_fact(
     assert_injected_after_first_like_text(engine, first, second, "near")
 
 
-def test_nearest_context_puts_the_most_similar_fact_right_before_the_fact(
-        engine: MemoryEngine, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(engine, "config", dataclasses.replace(
-        engine.config, capture_context=2, capture_context_from="nearest"))
-    near = "Omar adopted a grey cat called Ash in 2019."
-    far = "Omar feeds the birds in the garden."
-    engine.memory.add([near, far, "The night train to Lisbon leaves at ten."], user_id="nearest")
-    fact = engine.memory.add("Omar's grey cat Ash turned four.", user_id="nearest")
-    contexts = engine.arun(engine.memory._contexts("nearest", [fact]))
-    # Least similar first, nearest last (in the order added it would be near, far).
-    assert contexts == {fact.id: (far, near)}
-    monkeypatch.setattr(engine, "config", dataclasses.replace(
-        engine.config, capture_context_from="similar"))
-    assert engine.arun(engine.memory._contexts("nearest", [fact])) == {fact.id: (near, far)}
-
-
 @pytest.mark.parametrize("options", [{"fact_order": "random"}, {"recompute_tail": -1},
                                      {"recompute_tail": True}, {"recompute_tail": "2"}])
 def test_bad_quality_options_are_refused(engine: MemoryEngine, options: dict) -> None:
@@ -210,3 +194,4 @@ def test_bad_quality_options_are_refused(engine: MemoryEngine, options: dict) ->
     with pytest.raises(InvalidInputError):
         engine.chat(ask("When does Ivo bake?"), user_id="quality-bad", max_tokens=1,
                     **options)
+

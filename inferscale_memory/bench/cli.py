@@ -63,9 +63,8 @@ def add_bench_parser(commands: Any) -> None:
                         help="capture each fact after N earlier facts "
                              "(default: the config's capture_context)")
     locomo.add_argument("--capture-context-from", choices=CONTEXT_SOURCES, default=None,
-                        help="which earlier facts: the ones added just before, the most "
-                             "similar ones in the order added, or the same nearest last "
-                             "(default: the config's capture_context_from)")
+                        help="which earlier facts: the ones added just before, or the most "
+                             "similar ones (default: the config's capture_context_from)")
     locomo.add_argument("--concurrency", type=int, default=16,
                         help="requests in flight at once (1: every question alone)")
     locomo.add_argument("--sequential", type=int, default=3, metavar="Q",
