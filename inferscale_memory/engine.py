@@ -25,10 +25,12 @@ from inferscale_memory.layout import (
     PromptBuilder,
     PromptLayout,
     is_unicode,
+    prompt_contexts,
     prompt_order,
     tail_size,
     validate_messages,
 )
+from inferscale_memory.fact_kv import FactKV
 from inferscale_memory.memory import EngineMemory
 from inferscale_memory.options import DEFAULT_MAX_LOGPROBS, check_options
 from inferscale_memory.results import ChatChunk, ChatMetrics, ChatResult, KVStats
@@ -60,17 +62,29 @@ class MemoryEngine:
         elif model is not None or overrides:
             config = MemoryConfig.from_dict({**config.__dict__, **overrides,
                                              **({"model": model} if model else {})})
-        self.config = config
+        self._config = config
         self.model_path = resolve_model(config.model, config.cache_dir)
         self.tokenizer = AutoTokenizer.from_pretrained(str(self.model_path))
         self.builder = PromptBuilder(self.tokenizer)
         self.store = store or MemoryStore.from_config(config, default_embedder(config.embedder))
         self.runtime = VllmRuntime(self.model_path, config)
         self.kv_stats = KVStats()
-        self.memory = EngineMemory(self, self.store)
-        self.runtime.run(self.memory.capture_header())
+        self.fact_kv = FactKV(self.runtime, self.builder, self.kv_stats)
+        self.memory = EngineMemory(self.store, self.fact_kv, config)
+        self.runtime.run(self.fact_kv.capture_header())
         self._background: set[asyncio.Future[Any]] = set()
         self._lock = threading.Lock()
+
+    @property
+    def config(self) -> MemoryConfig:
+        """The engine's settings; assigning new ones (e.g. another quality policy) applies
+        them to the next answer and the next capture."""
+        return self._config
+
+    @config.setter
+    def config(self, config: MemoryConfig) -> None:
+        self._config = config
+        self.memory.config = config
 
     # -- answering -----------------------------------------------------------------------
 
@@ -181,7 +195,7 @@ class MemoryEngine:
     def drop_kv(self, user_id: str, fact_ids: Sequence[str]) -> None:
         """Evict facts' KV from the engine but keep the facts: the next answer that uses
         them recomputes them from text (and recaptures them)."""
-        self.runtime.run(self.memory.evict(user_id, list(fact_ids)))
+        self.runtime.run(self.fact_kv.evict(user_id, list(fact_ids)))
 
     def warm(self, user_id: str) -> int:
         """Capture the KV of all of ``user_id``'s facts now (e.g. after a restart)."""
@@ -313,7 +327,19 @@ class MemoryEngine:
                    missing: list[str]) -> None:
         if user_id is None or not missing:
             return
-        wanted = [f.fact for f in facts if f.fact.id in set(missing)]
-        task = asyncio.ensure_future(self.memory.capture(user_id, wanted))
+        task = asyncio.ensure_future(self._arecapture(user_id, [f.fact for f in facts],
+                                                      set(missing)))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+    async def _arecapture(self, user_id: str, prompt: list[Fact], missing: set[str]) -> None:
+        """Capture the facts of a prompt whose KV was missing. Their capture context is
+        read from the engine's store when it holds the user, as at ``add``; facts handed
+        in from another store (e.g. Mem0's) take the facts before them in this prompt."""
+        wanted = [fact for fact in prompt if fact.id in missing]
+        if await asyncio.get_running_loop().run_in_executor(None, self.store.has_user,
+                                                            user_id):
+            await self.memory.capture(user_id, wanted)
+        else:
+            await self.fact_kv.capture(user_id, wanted,
+                                       prompt_contexts(prompt, wanted, self.config.capture_context))

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from inferscale_memory.errors import InvalidInputError
 
 if TYPE_CHECKING:
-    from inferscale_memory.store import ScoredFact
+    from inferscale_memory.store import Fact, ScoredFact
 
 PREAMBLE = (
     "You are a helpful assistant with a long-term memory. "
@@ -155,6 +155,17 @@ def tail_size(facts: int, recompute_tail: int, captured_alone: bool) -> int:
     if recompute_tail > 0 and not captured_alone and facts - recompute_tail <= 1:
         return facts
     return min(facts, recompute_tail)
+
+
+def prompt_contexts(prompt: Sequence[Fact], facts: Sequence[Fact], count: int
+                    ) -> dict[str, tuple[str, ...]]:
+    """Per fact id of ``facts``, the texts of the (at most ``count``) facts right before it
+    in ``prompt``: a capture context taken from the prompt the fact sat in."""
+    if count == 0:
+        return {}
+    at = {fact.id: i for i, fact in enumerate(prompt)}
+    return {fact.id: tuple(f.text for f in prompt[max(0, at[fact.id] - count):at[fact.id]])
+            for fact in facts}
 
 
 def validate_messages(messages: Any) -> list[dict[str, str]]:

@@ -1,33 +1,39 @@
 """The fact API of a :class:`~inferscale_memory.MemoryEngine`: the store plus fact KV.
 
 Every write goes to the durable store first (the fact is the truth, KV is a cache), then
-to the engine: ``add`` captures the fact's KV, ``update`` recaptures it, ``delete`` and
-``delete_all`` evict it.
+to the engine's :class:`~inferscale_memory.fact_kv.FactKV`: ``add`` captures the fact's
+KV, ``update`` recaptures it, ``delete`` and ``delete_all`` evict it. The capture context
+(which of the user's facts precede a fact in its capture prompt) is read here, from the
+store.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, overload
 
-from inferscale_memory.connector.params import MAX_SPANS, FactKey, RequestParams, Span
 from inferscale_memory.errors import InvalidInputError
 from inferscale_memory.store import Fact, MemoryStore, ScoredFact
 
-HEADER_TENANT = "inferscale"  # owner of capture requests for the shared header
-
 if TYPE_CHECKING:
-    from inferscale_memory.engine import MemoryEngine
+    from inferscale_memory.config import MemoryConfig
+    from inferscale_memory.fact_kv import FactKV
 
 
 class EngineMemory:
-    """Mem0-style fact operations whose KV lives in the engine."""
+    """Mem0-style fact operations whose KV lives in the engine.
 
-    def __init__(self, engine: MemoryEngine, store: MemoryStore) -> None:
-        self._engine = engine
+    ``config`` is the engine's (:attr:`MemoryEngine.config` keeps it current): its
+    ``capture_context``, ``capture_context_from`` and ``max_fact_tokens`` are read at
+    each call.
+    """
+
+    def __init__(self, store: MemoryStore, fact_kv: FactKV, config: MemoryConfig) -> None:
         self.store = store
+        self.fact_kv = fact_kv
+        self.config = config
 
     @overload
     def add(self, text: str, *, user_id: str, metadata: dict[str, Any] | None = None) -> Fact: ...
@@ -41,7 +47,7 @@ class EngineMemory:
         Example:
             >>> engine.memory.add("Caroline moved to Berlin.", user_id="caroline")  # doctest: +SKIP
         """
-        return self._engine.runtime.run(self._aadd(text, user_id=user_id, metadata=metadata))
+        return self.fact_kv.runtime.run(self._aadd(text, user_id=user_id, metadata=metadata))
 
     def get(self, fact_id: str, *, user_id: str) -> Fact:
         return self.store.get(fact_id, user_id=user_id)
@@ -58,16 +64,16 @@ class EngineMemory:
     def update(self, fact_id: str, text: str, *, user_id: str,
                metadata: dict[str, Any] | None = None) -> Fact:
         """Change a fact's text; its KV is recaptured."""
-        return self._engine.runtime.run(
+        return self.fact_kv.runtime.run(
             self._aupdate(fact_id, text, user_id=user_id, metadata=metadata))
 
     def delete(self, fact_id: str, *, user_id: str) -> Fact:
         """Delete a fact; its KV is evicted from the engine."""
-        return self._engine.runtime.run(self._adelete(fact_id, user_id=user_id))
+        return self.fact_kv.runtime.run(self._adelete(fact_id, user_id=user_id))
 
     def delete_all(self, *, user_id: str) -> int:
         """Delete every fact of ``user_id``; their KV is evicted."""
-        return self._engine.runtime.run(self._adelete_all(user_id=user_id))
+        return self.fact_kv.runtime.run(self._adelete_all(user_id=user_id))
 
     # -- async variants: awaitable from any event loop ------------------------------------
 
@@ -94,7 +100,7 @@ class EngineMemory:
         return await self._call(self._asearch(query, user_id=user_id, k=k))
 
     async def _call(self, coro: Any) -> Any:
-        return await self._engine.runtime.call(coro)
+        return await self.fact_kv.runtime.call(coro)
 
     # -- the same on the engine loop --------------------------------------------------------
 
@@ -116,13 +122,13 @@ class EngineMemory:
 
     async def _adelete(self, fact_id: str, *, user_id: str) -> Fact:
         fact = await self._in_thread(self.store.delete, fact_id, user_id=user_id)
-        await self.evict(user_id, [fact.id])
+        await self.fact_kv.evict(user_id, [fact.id])
         return fact
 
     async def _adelete_all(self, *, user_id: str) -> int:
         facts = await self._in_thread(self.store.list, user_id=user_id)
         count = await self._in_thread(self.store.delete_all, user_id=user_id)
-        await self.evict(user_id, [fact.id for fact in facts])
+        await self.fact_kv.evict(user_id, [fact.id for fact in facts])
         return count
 
     async def _asearch(self, query: str, *, user_id: str, k: int = 10) -> list[ScoredFact]:
@@ -133,33 +139,25 @@ class EngineMemory:
         return await asyncio.get_running_loop().run_in_executor(
             None, functools.partial(func, *args, **kwargs))
 
-    # -- engine requests -----------------------------------------------------------------
+    # -- fact KV ------------------------------------------------------------------------
 
-    async def capture(self, user_id: str, facts: Sequence[Fact],
-                      contexts: Mapping[str, Sequence[str]] | None = None) -> None:
-        """Have the engine compute and keep the KV of ``facts`` (concurrently).
+    async def capture(self, user_id: str, facts: Sequence[Fact]) -> None:
+        """Have the engine compute and keep the KV of ``facts`` of ``user_id``, each after
+        its capture context read from the store (:meth:`contexts`)."""
+        await self.fact_kv.capture(user_id, facts, await self.contexts(user_id, facts))
 
-        With ``config.capture_context`` = n > 0, each fact is captured after n of the
-        user's other facts (``config.capture_context_from``; only the fact's own KV is
-        kept). ``contexts`` (fact id -> texts) hands those in instead, for facts that live
-        in another store (e.g. Mem0's); ``None`` reads them from this engine's store.
-        """
-        if contexts is None:
-            contexts = await self._contexts(user_id, facts)
-        budget = self._engine.runtime.max_model_len - 1
-        await asyncio.gather(*(self._capture_one(
-            user_id, fact, self._fit(contexts.get(fact.id, ()), fact.text, budget))
-            for fact in facts))
-
-    async def _contexts(self, user_id: str, facts: Sequence[Fact]
-                        ) -> dict[str, tuple[str, ...]]:
-        """Per fact id, the texts of the facts that precede it in its capture prompt."""
-        count = self._engine.config.capture_context
+    async def contexts(self, user_id: str, facts: Sequence[Fact]
+                       ) -> dict[str, tuple[str, ...]]:
+        """Per fact id, the texts of the facts that precede it in its capture prompt:
+        ``config.capture_context`` of the user's other facts (``capture_context_from``:
+        the most similar, or the ones added just before it), in the order they were
+        added; ``{}`` when context capture is off."""
+        count = self.config.capture_context
         if count == 0 or not facts:
             return {}
         timeline = await self._in_thread(self.store.list, user_id=user_id)
         position = {fact.id: i for i, fact in enumerate(timeline)}
-        similar = self._engine.config.capture_context_from == "similar"
+        similar = self.config.capture_context_from == "similar"
         contexts = {}
         for fact in facts:
             if similar:
@@ -178,46 +176,10 @@ class EngineMemory:
         near = [s.fact for s in found if s.fact.id != fact.id][:count]
         return [f.text for f in sorted(near, key=lambda f: position.get(f.id, 0))]
 
-    def _fit(self, context: Sequence[str], text: str, budget: int) -> tuple[str, ...]:
-        """Drop the earliest context facts until the capture prompt fits the context."""
-        builder = self._engine.builder
-        while context and len(builder.capture_prompt(text, context)[0]) > budget:
-            context = context[1:]
-        return tuple(context)
-
-    async def capture_header(self) -> None:
-        """Capture the shared prompt header on its own.
-
-        Done once at start, before any fact: every prompt holds the header.
-        """
-        builder = self._engine.builder
-        token_ids, header_end, _ = builder.capture_prompt(None)
-        params = RequestParams(HEADER_TENANT, builder.layout_id, capture=(
-            Span(FactKey("", builder.header_name), 0, header_end),))
-        self._engine.kv_stats.record_report(
-            await self._engine.runtime.control(token_ids, params))
-
-    async def _capture_one(self, user_id: str, fact: Fact, context: Sequence[str] = ()) -> None:
-        builder = self._engine.builder
-        token_ids, start, end = builder.capture_prompt(fact.text, context)
-        params = RequestParams(user_id, builder.layout_id, capture=(
-            Span(FactKey("", builder.header_name), 0, len(builder.header_ids)),
-            Span(FactKey(user_id, fact.id), start, end)))
-        self._engine.kv_stats.record_report(
-            await self._engine.runtime.control(token_ids, params))
-
-    async def evict(self, user_id: str, fact_ids: Sequence[str]) -> None:
-        """Drop the KV of ``fact_ids`` from the engine (the facts themselves stay)."""
-        keys = [FactKey(user_id, fact_id) for fact_id in fact_ids]
-        builder = self._engine.builder
-        for i in range(0, len(keys), MAX_SPANS):
-            params = RequestParams(user_id, builder.layout_id, evict=tuple(keys[i:i + MAX_SPANS]))
-            await self._engine.runtime.control(builder.header_ids[:1], params)
-
     def _check_tokens(self, text: Any) -> None:
         text = self.store.check_text(text)  # type, blank, size, Unicode: before tokenizing
-        limit = self._engine.config.max_fact_tokens
-        count = len(self._engine.builder.fact_ids(text))
+        limit = self.config.max_fact_tokens
+        count = len(self.fact_kv.builder.fact_ids(text))
         if count > limit:
             raise InvalidInputError(
                 f"the fact has {count} tokens; at most {limit} are allowed "

@@ -195,3 +195,24 @@ def test_bad_quality_options_are_refused(engine: MemoryEngine, options: dict) ->
         engine.chat(ask("When does Ivo bake?"), user_id="quality-bad", max_tokens=1,
                     **options)
 
+
+def test_facts_from_another_store_are_recaptured_with_context_capture_on(
+        engine: MemoryEngine, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Facts handed to answer() by another store (Mem0's, say): their user has no fact in
+    # the engine's store. Missing KV is computed in the answer and recaptured in the
+    # background; with context capture on, that recapture once listed the engine's store
+    # for the context and failed with UnknownUserError.
+    monkeypatch.setattr(engine, "config", dataclasses.replace(
+        engine.config, capture_context=2, capture_context_from="similar"))
+    facts = [Fact(id=f"elsewhere-{n}", user_id="elsewhere", text=text, metadata={},
+                  created_at=float(n), updated_at=float(n))
+             for n, text in enumerate(["Rui grows basil on the balcony.",
+                                       "Rui's basil needs water every day.",
+                                       "Rui moved to Porto in 2022."])]
+    question = ask("What does Rui grow?")
+    first = engine.answer(question, facts, user_id="elsewhere", max_tokens=4)
+    assert sorted(first.metrics.recomputed_fact_ids) == sorted(f.id for f in facts)
+    engine.wait_for_background()
+    again = engine.answer(question, facts, user_id="elsewhere", max_tokens=4)
+    assert again.metrics.recomputed_fact_ids == []
+    assert sorted(again.metrics.injected_fact_ids) == sorted(f.id for f in facts)

@@ -8,7 +8,7 @@ import pytest
 
 from inferscale_memory import InvalidInputError
 from inferscale_memory.engine import MemoryEngine
-from inferscale_memory.layout import PromptLayout, prompt_order, tail_size
+from inferscale_memory.layout import PromptLayout, prompt_contexts, prompt_order, tail_size
 from inferscale_memory.store import Fact, ScoredFact
 
 
@@ -62,3 +62,11 @@ def test_tail_size_computes_the_last_facts_and_no_lone_context_captured_one(
     assert tail_size(facts, tail, captured_alone=False) == computed
     # Facts captured right after the header: a lone first fact is exact, it stays injected.
     assert tail_size(facts, tail, captured_alone=True) == min(facts, tail)
+
+
+def test_prompt_contexts_are_the_facts_right_before_each_fact_in_the_prompt() -> None:
+    prompt = [f.fact for f in prompt_order(RANKED, "rank")]  # c, a, b
+    c, a, b = prompt
+    assert prompt_contexts(prompt, [b, c], 1) == {"b": (a.text,), "c": ()}
+    assert prompt_contexts(prompt, [b], 5) == {"b": (c.text, a.text)}
+    assert prompt_contexts(prompt, [b], 0) == {}

@@ -158,7 +158,7 @@ class InferScaleVectorStore(VectorStoreBase):
                     for memory_id, payload, vector in stored}
         facts = [fact for memory_id, payload, _ in stored for fact in facts_of(memory_id, payload)]
         for user_id, group in _by_tenant(facts).items():
-            self.engine.arun(self.engine.memory.capture(user_id, group, contexts))
+            self.engine.arun(self.engine.fact_kv.capture(user_id, group, contexts))
 
     def _neighbours(self, memory_id: str, payload: dict[str, Any], vector: Any
                     ) -> tuple[str, ...]:
@@ -173,7 +173,7 @@ class InferScaleVectorStore(VectorStoreBase):
 
     def _evict(self, facts: Iterable[Fact]) -> None:
         for user_id, group in _by_tenant(facts).items():
-            self.engine.arun(self.engine.memory.evict(user_id, [f.id for f in group]))
+            self.engine.arun(self.engine.fact_kv.evict(user_id, [f.id for f in group]))
 
     def _text(self, vector_id: Any) -> str | None:
         found = self.inner.get(vector_id=vector_id)
