@@ -12,15 +12,15 @@ Example:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-import threading
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
 from inferscale_memory.config import FACT_ORDERS, MemoryConfig
 from inferscale_memory.connector.params import FactKey, RequestParams, Span
-from inferscale_memory.errors import ContextLengthError, InvalidInputError
+from inferscale_memory.errors import ContextLengthError, EngineClosedError, InvalidInputError
 from inferscale_memory.layout import (
     PromptBuilder,
     PromptLayout,
@@ -66,14 +66,19 @@ class MemoryEngine:
         self.model_path = resolve_model(config.model, config.cache_dir)
         self.tokenizer = AutoTokenizer.from_pretrained(str(self.model_path))
         self.builder = PromptBuilder(self.tokenizer)
-        self.store = store or MemoryStore.from_config(config, default_embedder(config.embedder))
-        self.runtime = VllmRuntime(self.model_path, config)
-        self.kv_stats = KVStats()
-        self.fact_kv = FactKV(self.runtime, self.builder, self.kv_stats)
-        self.memory = EngineMemory(self.store, self.fact_kv, config)
-        self.runtime.run(self.fact_kv.capture_header())
+        with contextlib.ExitStack() as undo:  # a failed start closes what it opened
+            if store is None:
+                store = MemoryStore.from_config(config, default_embedder(config.embedder))
+                undo.callback(store.close)
+            self.store = store
+            self.runtime = VllmRuntime(self.model_path, config)
+            undo.callback(self.runtime.close)
+            self.kv_stats = KVStats()
+            self.fact_kv = FactKV(self.runtime, self.builder, self.kv_stats)
+            self.memory = EngineMemory(self.store, self.fact_kv, config)
+            self.runtime.run(self.fact_kv.capture_header())
+            undo.pop_all()
         self._background: set[asyncio.Future[Any]] = set()
-        self._lock = threading.Lock()
 
     @property
     def config(self) -> MemoryConfig:
@@ -132,11 +137,15 @@ class MemoryEngine:
         async def step() -> ChatChunk:
             return await agen.__anext__()
 
-        while True:
-            try:
-                yield self.runtime.run(step())
-            except StopAsyncIteration:
-                return
+        try:
+            while True:
+                try:
+                    yield self.runtime.run(step())
+                except StopAsyncIteration:
+                    return
+        finally:  # a caller that stops early: close on the engine loop, vLLM aborts
+            with contextlib.suppress(EngineClosedError):
+                self.runtime.run(agen.aclose())
 
     async def astream_chat(self, messages: Sequence[dict[str, Any]],
                            **kwargs: Any) -> AsyncIterator[ChatChunk]:

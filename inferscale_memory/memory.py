@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, overload
 
@@ -20,6 +21,8 @@ from inferscale_memory.store import Fact, MemoryStore, ScoredFact
 if TYPE_CHECKING:
     from inferscale_memory.config import MemoryConfig
     from inferscale_memory.fact_kv import FactKV
+
+logger = logging.getLogger(__name__)
 
 
 class EngineMemory:
@@ -109,7 +112,7 @@ class EngineMemory:
         for item in texts:
             self._check_tokens(item)
         added = await self._in_thread(self.store.add, text, user_id=user_id, metadata=metadata)
-        await self.capture(user_id, [added] if isinstance(added, Fact) else added)
+        await self._capture_stored(user_id, [added] if isinstance(added, Fact) else added)
         return added
 
     async def _aupdate(self, fact_id: str, text: str, *, user_id: str,
@@ -117,7 +120,7 @@ class EngineMemory:
         self._check_tokens(text)
         fact = await self._in_thread(self.store.update, fact_id, text, user_id=user_id,
                                      metadata=metadata)
-        await self.capture(user_id, [fact])
+        await self._capture_stored(user_id, [fact])
         return fact
 
     async def _adelete(self, fact_id: str, *, user_id: str) -> Fact:
@@ -145,6 +148,17 @@ class EngineMemory:
         """Have the engine compute and keep the KV of ``facts`` of ``user_id``, each after
         its capture context read from the store (:meth:`contexts`)."""
         await self.fact_kv.capture(user_id, facts, await self.contexts(user_id, facts))
+
+    async def _capture_stored(self, user_id: str, facts: Sequence[Fact]) -> None:
+        """Capture facts the store has committed. A failure is logged, not raised: the
+        facts are stored (an error would have the caller retry and store them twice), and
+        the first answer that needs one computes it from its text and recaptures it."""
+        try:
+            await self.capture(user_id, facts)
+        except Exception as exc:  # noqa: BLE001 - any engine failure; the facts are kept
+            logger.warning("%d fact(s) of %r stored, but their KV capture failed (%s); "
+                           "an answer that needs them computes them from their text",
+                           len(facts), user_id, exc)
 
     async def contexts(self, user_id: str, facts: Sequence[Fact]
                        ) -> dict[str, tuple[str, ...]]:

@@ -44,6 +44,24 @@ if __name__ == "__main__":
     elif sys.argv[1] == "exit":
         engine = MemoryEngine(**options)  # never closed: the interpreter's exit does it
         answer(engine)
+    elif sys.argv[1] == "start-fails":
+        from inferscale_memory.fact_kv import FactKV
+        from inferscale_memory.store import MemoryStore
+
+        async def header_fails(self):
+            raise RuntimeError("header capture failed")
+
+        def close(self, _close=MemoryStore.close):
+            print("store closed", flush=True)
+            _close(self)
+
+        FactKV.capture_header = header_fails
+        MemoryStore.close = close
+        try:
+            MemoryEngine(**options)
+        except RuntimeError as exc:
+            print("failed:", exc, flush=True)
+        print("left:", *engine_processes(), flush=True)
     elif sys.argv[1] == "interrupt":
         with MemoryEngine(**options) as engine:
             answer(engine)
@@ -141,3 +159,15 @@ def test_the_server_stops_on_a_signal_with_only_its_own_lines(tmp_path: Path) ->
            or line.startswith("WARNING inferscale_memory.server.run: no API keys")]
     assert output and own == output, "".join(output)
     assert_gone(children)
+
+
+def test_an_engine_that_fails_to_start_leaves_no_process_and_closes_its_store(
+        tmp_path: Path) -> None:
+    # The vLLM engine and the store are opened before the header is captured; a failure
+    # there must not leak them until the interpreter exits.
+    code, out, err = run_script(tmp_path, "start-fails")
+    assert code == 0, err
+    lines = out.splitlines()
+    assert "failed: header capture failed" in lines and "store closed" in lines, out
+    assert lines.index("store closed") < lines.index("failed: header capture failed")
+    assert [line for line in lines if line.startswith("left:")] == ["left:"], out
