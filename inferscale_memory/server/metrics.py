@@ -4,9 +4,9 @@ Chat answers feed the TTFT histogram (by mode), token counters and the recompute
 fallbacks; :class:`~inferscale_memory.server.middleware.RequestCounter` counts requests by
 route, method and status; the engine's fact-KV pool counters (:class:`~inferscale_memory.
 results.KVStats`: hits, misses, captures, evictions, demotions, promotions, rows held) are
-read at each scrape; the store's fact count and an estimate of the KV of every stored
-fact are refreshed when ``/metrics`` is scraped (at most every ``refresh_s`` seconds: it
-walks the store in a worker thread).
+read at each scrape, with the bytes of the device pool's rows; the store's fact and user
+counts are refreshed when ``/metrics`` is scraped (at most every ``refresh_s`` seconds: two
+counts in one SQL query, in a worker thread).
 
 No metric has a tenant label: ``/metrics`` is served without an API key, and a label per
 tenant would publish user ids (and grow without bound with the tenants).
@@ -39,14 +39,13 @@ class ServerMetrics:
 
     Args:
         engine: The engine whose store and model the gauges describe.
-        refresh_s: Shortest time between two walks of the store.
+        refresh_s: Shortest time between two counts of the store.
     """
 
     def __init__(self, engine: MemoryEngine, refresh_s: float = 15.0) -> None:
         self._engine = engine
         self._refresh_s = refresh_s
         self._refreshed = float("-inf")
-        self._bytes_per_token = _kv_bytes_per_token(engine)
         self.registry = CollectorRegistry()
         r = self.registry
         self.ttft = Histogram("inferscale_chat_ttft_seconds",
@@ -76,10 +75,6 @@ class ServerMetrics:
                                 ["route", "method", "status"], registry=r)
         self.facts = Gauge("inferscale_facts", "Facts in the store", registry=r)
         self.users = Gauge("inferscale_fact_users", "Users that have stored facts", registry=r)
-        self.pool_bytes = Gauge(
-            "inferscale_kv_pool_bytes_estimate",
-            "Estimated bytes of fact KV held by the engine (stored facts' tokens x KV bytes "
-            "per token)", registry=r)
         r.register(KVStatsCollector(engine))
 
     def observe_chat(self, metrics: ChatMetrics, mode: str) -> None:
@@ -107,23 +102,9 @@ class ServerMetrics:
 
     async def _refresh_store(self) -> None:
         loop = asyncio.get_running_loop()
-        users, texts = await loop.run_in_executor(None, self._fact_texts)
-        builder = self._engine.builder
-        tokens = 0
-        # Tokenized here, on the engine loop, in slices: the tokenizer is not thread-safe,
-        # and the prompt builder's cache makes known facts free.
-        for i in range(0, len(texts), 256):
-            tokens += sum(len(builder.fact_ids(text)) for text in texts[i:i + 256])
-            await asyncio.sleep(0)
-        self.facts.set(len(texts))
+        users, facts = await loop.run_in_executor(None, self._engine.store.counts)
+        self.facts.set(facts)
         self.users.set(users)
-        header = len(builder.header_ids) if texts else 0
-        self.pool_bytes.set((tokens + header) * self._bytes_per_token)
-
-    def _fact_texts(self) -> tuple[int, list[str]]:
-        store = self._engine.store
-        users = store.users()
-        return len(users), [fact.text for user in users for fact in store.list(user_id=user)]
 
 
 def _kv_bytes_per_token(engine: MemoryEngine) -> int:
@@ -169,6 +150,7 @@ class KVStatsCollector:
 
     def __init__(self, engine: MemoryEngine) -> None:
         self._engine = engine
+        self._bytes_per_token = _kv_bytes_per_token(engine)
 
     def collect(self) -> Iterator[Metric]:
         stats = self._engine.kv_stats
@@ -178,3 +160,8 @@ class KVStatsCollector:
             value = getattr(stats, field)
             if value is not None:
                 yield GaugeMetricFamily(name, help_text, value=value)
+        if self._bytes_per_token:
+            yield GaugeMetricFamily(
+                "inferscale_kv_pool_bytes", "Bytes of fact KV on the device (pool rows x "
+                "K and V bytes of one token over all layers)",
+                value=stats.pool_tokens * self._bytes_per_token)

@@ -315,6 +315,11 @@ class MemoryStore:
         self._open()
         return self._db.users()
 
+    def counts(self) -> tuple[int, int]:
+        """Return (users that ever stored a fact, facts stored now), without reading them."""
+        self._open()
+        return self._db.counts()
+
     def has_user(self, user_id: str) -> bool:
         """Whether the user ever stored a fact (still true after :meth:`delete_all`)."""
         user_id = _checks.user_id(user_id)

@@ -280,6 +280,12 @@ class FactDB:
         """Return every user that ever stored a fact, sorted."""
         return [r[0] for r in self._all("SELECT user_id FROM users ORDER BY user_id")]
 
+    def counts(self) -> tuple[int, int]:
+        """Return (users that ever stored a fact, facts stored now), in one query."""
+        users, facts = self._all(
+            "SELECT (SELECT COUNT(*) FROM users), (SELECT COUNT(*) FROM facts)")[0]
+        return int(users), int(facts)
+
     def has_user(self, user_id: str) -> bool:
         """Whether the user ever stored a fact."""
         return bool(self._all("SELECT 1 FROM users WHERE user_id = ?", (user_id,)))
