@@ -224,6 +224,11 @@ class MemoryEngine:
         """Forget vLLM's prefix cache, so the next prefill is computed afresh."""
         self.runtime.run(self.runtime.reset_prefix_cache())
 
+    @property
+    def healthy(self) -> bool:
+        """Whether the engine answers: ``False`` once vLLM failed or :meth:`close` ran."""
+        return self.runtime.healthy
+
     def close(self) -> None:
         """Stop the engine and close the store."""
         self.runtime.close()

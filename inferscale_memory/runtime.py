@@ -255,6 +255,12 @@ class VllmRuntime:
         completion = await self.complete(token_ids, max_tokens=1, params=params)
         return completion.report
 
+    @property
+    def healthy(self) -> bool:
+        """Whether vLLM serves: started, not closed, its engine process not failed."""
+        return (not self._closed and self._llm is not None
+                and not getattr(self._llm, "errored", False))
+
     def unfinished_requests(self) -> int:
         """Requests vLLM holds now (waiting or generating), captures included."""
         return int(self._llm.get_num_unfinished_requests())

@@ -40,6 +40,8 @@ if __name__ == "__main__":
     if sys.argv[1] == "close":
         with MemoryEngine(**options) as engine:
             answer(engine)
+            print("healthy:", engine.healthy, flush=True)
+        print("healthy:", engine.healthy, flush=True)
         print("left:", *engine_processes())
     elif sys.argv[1] == "exit":
         engine = MemoryEngine(**options)  # never closed: the interpreter's exit does it
@@ -125,7 +127,10 @@ def test_a_program_prints_only_its_own_lines_and_leaves_no_process(tmp_path: Pat
     assert code == 0, err
     assert err == "", err  # no vLLM log line, warning, progress bar or shutdown error
     assert [line.split(":")[0] for line in out.splitlines()] == \
-        ["answer", "children"] + (["left"] if mode == "close" else [])
+        ["answer", "children"] + (["healthy", "healthy", "left"] if mode == "close" else [])
+    if mode == "close":  # while it runs, then once closed
+        assert [line for line in out.splitlines() if line.startswith("healthy")] == \
+            ["healthy: True", "healthy: False"]
     children = children_of(out)
     assert children, "vLLM runs its engine core in a process of its own"
     if mode == "close":

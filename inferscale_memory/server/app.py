@@ -101,8 +101,7 @@ def _add_service_routes(app: FastAPI) -> None:
     async def health(request: Request) -> Any:
         """200 while the engine runs, 503 once it failed or was shut down."""
         ctx = context(request)
-        llm = getattr(ctx.engine.runtime, "_llm", None)
-        ok = llm is not None and not getattr(llm, "errored", False)
+        ok = ctx.engine.healthy
         body = Health(status="ok" if ok else "unavailable", model=ctx.model_name)
         return JSONResponse(body.model_dump(), status_code=200 if ok else 503)
 
