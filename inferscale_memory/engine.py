@@ -15,12 +15,13 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Sequence
 from typing import Any
 
 from inferscale_memory.config import FACT_ORDERS, MemoryConfig
 from inferscale_memory.connector.params import FactKey, RequestParams, Span
 from inferscale_memory.errors import ContextLengthError, EngineClosedError, InvalidInputError
+from inferscale_memory.fact_kv import FactKV
 from inferscale_memory.layout import (
     PromptBuilder,
     PromptLayout,
@@ -30,7 +31,6 @@ from inferscale_memory.layout import (
     tail_size,
     validate_messages,
 )
-from inferscale_memory.fact_kv import FactKV
 from inferscale_memory.memory import EngineMemory
 from inferscale_memory.options import DEFAULT_MAX_LOGPROBS, check_options
 from inferscale_memory.results import ChatChunk, ChatMetrics, ChatResult, KVStats
@@ -159,7 +159,7 @@ class MemoryEngine:
                             mode: str = "kv", facts: Sequence[Fact | ScoredFact] | None = None,
                             fact_order: str | None = None, recompute_tail: int | None = None,
                             tenant: str | None = None,
-                            **options: Any) -> AsyncIterator[ChatChunk]:
+                            **options: Any) -> AsyncGenerator[ChatChunk, None]:
         """:meth:`astream_chat` on the engine loop. ``facts`` must belong to ``user_id``."""
         start = time.perf_counter()
         conversation, k, max_tokens = self._check_request(messages, k, mode, options)

@@ -12,7 +12,8 @@
 # The job goes on after a part fails (install, a model's conversion, a sweep, the 1.5B pick,
 # `bench synthetic`) and lists it in $Q/failed; `poll` of a finished job names those parts on
 # stderr and exits 1 (0: finished clean, or "still running"). QUALITY_DIR, VLLM_STAGE and
-# MODELS_DIR (default /tmp: MODELS_DIR/model-0.5b, ...) move the folders named above.
+# MODELS_DIR (default /tmp: MODELS_DIR/model-0.5b, ...) move the folders named above, and
+# REPO_COPY (default /tmp/repo) the copy of the checkout that the job runs in.
 #
 # SETTINGS05 overrides the 0.5B settings (NAME=order,tail,context[,from]) and K05 its k;
 # the 1.5B model runs (at K15) the baseline and the two settings with the smallest
@@ -21,6 +22,8 @@
 # SYNTHETIC=0 skips `bench synthetic`.
 set -uo pipefail
 Q=${QUALITY_DIR:-/tmp/quality} STAGE=${VLLM_STAGE:-/tmp/vllm-stage} MODELS=${MODELS_DIR:-/tmp}
+REPO=${REPO_COPY:-/tmp/repo}
+SITE=/tmp/site  # where the kit's remote-install.sh installs vLLM (fixed there)
 DATA=.bundle/data/locomo-dev.json
 : "${SETTINGS05:=base=rank,0,0 t4n4=rank,4,4,similar t4n8=rank,4,8,similar t4n16=rank,4,16,similar}"
 : "${SYNTHETIC_ARGS:=}" "${K05:=5,10,20,50}" "${K15:=10,50}" "${SETTINGS15:=}" "${SEQUENTIAL:=2}"
@@ -34,10 +37,10 @@ fail() { log "FAILED: $*"; echo "$*" >> $Q/failed; }
 
 case ${1:-} in
 start)
-  rm -rf $Q /tmp/repo && mkdir -p $Q /tmp/repo
-  tar -cf - --exclude=./.git --exclude='./.bundle/[0-9m]*' . | tar -xf - -C /tmp/repo || {
-    echo "gpu-quality: copying the checkout to /tmp/repo failed" >&2; exit 1; }
-  cd /tmp/repo && setsid nohup bash scripts/gpu-quality.sh run > /dev/null 2>&1 < /dev/null &
+  rm -rf $Q "$REPO" && mkdir -p $Q "$REPO"
+  tar -cf - --exclude=./.git --exclude='./.bundle/[0-9m]*' . | tar -xf - -C "$REPO" || {
+    echo "gpu-quality: copying the checkout to $REPO failed" >&2; exit 1; }
+  cd "$REPO" && setsid nohup bash scripts/gpu-quality.sh run > /dev/null 2>&1 < /dev/null &
   sleep 1; cat $Q/job.log 2>/dev/null
   ;;
 model)
@@ -53,7 +56,7 @@ run)
   (cd $STAGE && sh remote-install.sh) > $Q/install.log 2>&1 || {
     tail -n 30 $Q/install.log; fail "install (see install.log)"; touch $Q/done; exit 1; }
   log "installed"
-  export PYTHONPATH=/tmp/site:/tmp/repo VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 \
+  export PYTHONPATH=$SITE:$REPO VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 \
     VLLM_NO_USAGE_STATS=1 VLLM_LOGGING_LEVEL=WARNING PYTHONUNBUFFERED=1
   for size in 0.5b 1.5b; do
     wait_model $MODELS/model-$size 900
@@ -114,5 +117,5 @@ poll)
   exit $status
   ;;
 *)
-  sed -n '2,21p' "$0"; exit 2 ;;
+  sed -n '2,22p' "$0"; exit 2 ;;
 esac
