@@ -19,7 +19,8 @@
 # the 1.5B model runs (at K15) the baseline and the two settings with the smallest
 # worst-k loss on the 0.5B among those whose KV TTFT is at most 0.6x the text path's at
 # every k >= 10, or SETTINGS15. SEQUENTIAL: questions per conversation in the TTFT sample;
-# SYNTHETIC=0 skips `bench synthetic`.
+# SYNTHETIC=0 skips `bench synthetic`. SIZES: the models in the order they run (default
+# "0.5b 1.5b"; "1.5b 0.5b" needs SETTINGS15, since the pick reads the 0.5B's results).
 set -uo pipefail
 Q=${QUALITY_DIR:-/tmp/quality} STAGE=${VLLM_STAGE:-/tmp/vllm-stage} MODELS=${MODELS_DIR:-/tmp}
 REPO=${REPO_COPY:-/tmp/repo}
@@ -27,6 +28,7 @@ SITE=/tmp/site  # where the kit's remote-install.sh installs vLLM (fixed there)
 DATA=.bundle/data/locomo-dev.json
 : "${SETTINGS05:=base=rank,0,0 t4n4=rank,4,4,similar t4n8=rank,4,8,similar t4n16=rank,4,16,similar}"
 : "${SYNTHETIC_ARGS:=}" "${K05:=5,10,20,50}" "${K15:=10,50}" "${SETTINGS15:=}" "${SEQUENTIAL:=2}"
+: "${SIZES:=0.5b 1.5b}"
 
 log() { echo "[$(date +%T) +$(( $(date +%s) - t0 ))s] $*"; }
 # wait_model DIR SECONDS: until DIR's conversion succeeded (model.ok) or failed (model.failed).
@@ -58,7 +60,7 @@ run)
   log "installed"
   export PYTHONPATH=$SITE:$REPO VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 \
     VLLM_NO_USAGE_STATS=1 VLLM_LOGGING_LEVEL=WARNING PYTHONUNBUFFERED=1
-  for size in 0.5b 1.5b; do
+  for size in $SIZES; do
     wait_model $MODELS/model-$size 900
     if [ ! -e $MODELS/model-$size/model.ok ]; then
       fail "no $size model ($MODELS/model-$size/model.log)"; continue; fi
