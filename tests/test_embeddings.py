@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -89,6 +90,35 @@ def test_default_embedder_is_shared_and_folder_can_be_given(embedder: MiniLMEmbe
 def test_missing_folder_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(ModelPreparationError, match="config.json"):
         MiniLMEmbedder(tmp_path / "nope")
+
+
+def _folder_with_pooling(tmp_path: Path, mode: str) -> Path:
+    """A copy of the MiniLM folder (weights linked) whose sentence-transformers pooling is
+    ``mode`` (``"mean_tokens"``, ``"cls_token"``, ...)."""
+    source = embeddings.minilm_folder()
+    folder = tmp_path / f"minilm-{mode}"
+    folder.mkdir()
+    for item in source.iterdir():
+        if item.is_file():
+            (folder / item.name).symlink_to(item)
+    pooling = json.loads((source / "1_Pooling" / "config.json").read_text())
+    for key in pooling:
+        if key.startswith("pooling_mode_"):
+            pooling[key] = key == f"pooling_mode_{mode}"
+    (folder / "1_Pooling").mkdir()
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps(pooling))
+    return folder
+
+
+def test_a_folder_that_mean_pools_is_accepted(tmp_path: Path,
+                                              embedder: MiniLMEmbedder) -> None:
+    other = MiniLMEmbedder(_folder_with_pooling(tmp_path, "mean_tokens"))
+    np.testing.assert_array_equal(other.embed(TEXTS), embedder.embed(TEXTS))
+
+
+def test_a_folder_that_pools_otherwise_is_refused_not_mean_pooled(tmp_path: Path) -> None:
+    with pytest.raises(ModelPreparationError, match="cls_token"):
+        MiniLMEmbedder(_folder_with_pooling(tmp_path, "cls_token"))
 
 
 def test_missing_package_says_to_run_prepare_and_installs_nothing(
