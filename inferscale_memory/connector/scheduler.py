@@ -11,7 +11,6 @@ stale span is recomputed, never loaded.
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -35,6 +34,7 @@ from inferscale_memory.connector.plan import (
     StepPlan,
     blocks_of,
 )
+from inferscale_memory.connector.registry import FactRegistry, Move, Registered
 
 logger = logging.getLogger(__name__)
 
@@ -46,14 +46,6 @@ class RequestLike(Protocol):
     prompt_token_ids: list[int] | None
     kv_transfer_params: dict[str, Any] | None
     cache_salt: str | None
-
-
-@dataclass(frozen=True)
-class Registered:
-    """What the scheduler knows of a captured fact."""
-
-    digest: bytes  # token_digest of the captured tokens
-    length: int  # number of tokens
 
 
 @dataclass(frozen=True)
@@ -76,6 +68,11 @@ class _Moves:
     demoted: list[FactKey] = field(default_factory=list)  # moved to the host tier
     promoted: list[FactKey] = field(default_factory=list)  # back from the host tier
 
+    def add(self, moves: tuple[Move, ...]) -> None:
+        lists = {EVICT: self.evicted, DEMOTE: self.demoted, PROMOTE: self.promoted}
+        for move, key in moves:
+            lists[move].append(key)
+
     def body(self) -> dict[str, list[list[str]]]:
         return {name: [[key.ns, key.name] for key in keys]
                 for name, keys in (("evicted", self.evicted), ("demoted", self.demoted),
@@ -97,41 +94,27 @@ class _Report:
 
 
 class SchedulerSide:
-    """Registry of captured facts and the per-step plan for the workers.
+    """The connector's scheduler side: vLLM's requests in, a plan per step out.
 
-    With a ``budget_tokens``, the registry is also the pool's eviction policy: before a
-    step captures a span, room for it is made by evicting the least recently injected or
-    captured facts (never a shared header, never a fact loaded in the same step) on every
-    worker, in the same step; a span that cannot fit even then is not captured. The
-    workers' pools thus hold what the registry holds, within the budget, so a request
-    naming an evicted fact is told it is missing (and recomputes it) instead of failing a
-    load.
-
-    With a ``host_budget_tokens`` as well, room is made by *demoting* facts to the
-    workers' host-memory tier (itself least recently used first, within its budget); a
-    request naming a demoted fact promotes it back to the device before its load, which
-    costs one copy instead of a recompute.
+    Which facts exist, and which ones each tier keeps within its budget, is the
+    :class:`~.registry.FactRegistry`'s business (the one eviction policy). This class
+    follows vLLM's requests around it: it matches inject spans against the registry and
+    the request's own tokens, pins what a step loads, reserves room for what it captures,
+    registers captures when their request finishes, and forwards every move the registry
+    makes to the workers in the step plan, so that their pools hold what it holds. A
+    request naming a fact that was evicted is told it is missing (and recomputes it)
+    instead of failing a load; one naming a demoted fact promotes it back to the device
+    before its load, which costs one copy instead of a recompute.
     """
 
     def __init__(self, budget_tokens: int | None = None,
                  host_budget_tokens: int | None = None, block_size: int = 16) -> None:
-        self.registry: OrderedDict[FactKey, Registered] = OrderedDict()  # LRU first
-        self.host: OrderedDict[FactKey, Registered] = OrderedDict()  # demoted, LRU first
-        self.budget_tokens = budget_tokens
-        self.host_budget_tokens = host_budget_tokens or None
-        self.registered_tokens = 0
-        self.host_tokens = 0
-        self.evictions = 0
-        self.demotions = 0
-        self.promotions = 0
-        self._reserved = 0  # tokens of captures emitted to the workers, not yet registered
-        self._pinned: set[FactKey] = set()  # facts loaded in the step being planned
-        self._held = 0  # tokens of facts deleted in this step that a load of it reads
-        self._moves: dict[str, _Moves] = {}  # by request
+        self.facts = FactRegistry(budget_tokens, host_budget_tokens)
         self.block_size = block_size
+        self.load_failures = 0
+        self._moves: dict[str, _Moves] = {}  # by request
         # Per request: (key, tokens, cache blocks) of every piece sent to the workers.
         self._loaded: dict[str, list[tuple[FactKey, int, frozenset[int]]]] = {}
-        self.load_failures = 0
         self._params: dict[str, RequestParams | None] = {}
         self._errors: dict[str, str] = {}
         self._captures: dict[str, _CaptureTrack] = {}
@@ -168,9 +151,9 @@ class SchedulerSide:
             if num_external > 0:
                 op = self._load_op(req_id, block_ids, plan, num_external)
                 loaded = [key for key, *_ in op.pieces]
-                self._pinned.update(loaded)
+                self.facts.pin(loaded)
                 for key in loaded:
-                    if key in self.host:
+                    if self.facts.is_on_host(key):
                         self._promote(req_id, key)
                 self._next.loads.append(op)
                 self._loaded[req_id] = [
@@ -178,14 +161,11 @@ class SchedulerSide:
                         blocks_of(op.block_ids, self.block_size, position, length)))
                     for key, _, length, position in op.pieces]
             for span in plan.usable:
-                if span.key in self.registry:
-                    self.registry.move_to_end(span.key)  # recently used
+                self.facts.touch(span.key)
         if params.capture:
             self._track_capture(request, params, block_ids)
         for key in params.evict:
-            if key in self._pinned and key in self.registry:
-                self._held += self.registry[key].length  # freed after the loads
-            self._forget(key)
+            self.facts.delete(key)
             self._capturer.pop(key, None)
             self._next.evicts.append(key)
 
@@ -210,8 +190,7 @@ class SchedulerSide:
                     track.block_ids.extend(new_blocks[0])
             end = cached_reqs.num_computed_tokens[i] + num_scheduled.get(req_id, 0)
             self._emit_captures(req_id, track, end, plan)
-        self._pinned.clear()
-        self._held = 0
+        self.facts.end_step()
         return plan
 
     def load_failed(self, block_ids: set[int]) -> None:
@@ -233,7 +212,7 @@ class SchedulerSide:
                 logger.warning("request %s: fact %s failed to load; recomputed, forgotten",
                                req_id, key)
                 self.load_failures += 1
-                self._forget(key)
+                self.facts.forget(key)
                 self._next.evicts.append(key)
                 if report is not None and [key.ns, key.name] not in report.missing:
                     report.missing.append([key.ns, key.name])
@@ -246,13 +225,13 @@ class SchedulerSide:
         prompt = request.prompt_token_ids or []
         captured = []
         latest = {span.key: span for span in track.emitted} if track else {}
-        self._reserved -= sum(span.length for span in track.emitted) if track else 0
+        self.facts.release(sum(span.length for span in track.emitted) if track else 0)
         for key, span in latest.items():
             if self._capturer.get(key) != req_id:
                 continue  # captured again by a later request, or evicted, since
             del self._capturer[key]
             tokens = prompt[span.start:span.end]
-            self._register(key, Registered(token_digest(tokens), len(tokens)))
+            self.facts.register(key, Registered(token_digest(tokens), len(tokens)))
             captured.append([key.ns, key.name])
         moves = self._moves.pop(req_id, None)
         self._loaded.pop(req_id, None)
@@ -265,11 +244,12 @@ class SchedulerSide:
         body: dict[str, Any] = {"captured": captured}
         if moves is not None:
             body.update(moves.body())
-        if (captured or moves) and self.budget_tokens is not None:
-            body.update(pool_tokens=self.registered_tokens, budget_tokens=self.budget_tokens)
-            if self.host_budget_tokens is not None:
-                body.update(host_tokens=self.host_tokens,
-                            host_budget_tokens=self.host_budget_tokens)
+        facts = self.facts
+        if (captured or moves) and facts.budget_tokens is not None:
+            body.update(pool_tokens=facts.device_tokens, budget_tokens=facts.budget_tokens)
+            if facts.host_budget_tokens is not None:
+                body.update(host_tokens=facts.host_tokens,
+                            host_budget_tokens=facts.host_budget_tokens)
         if report is not None:
             body.update(injected_tokens=report.injected_tokens, missing=report.missing)
             if report.error:
@@ -278,90 +258,21 @@ class SchedulerSide:
 
     # -- helpers -----------------------------------------------------------------------
 
-    def _register(self, key: FactKey, entry: Registered) -> None:
-        self._forget(key)
-        self.registry[key] = entry
-        self.registered_tokens += entry.length
-
-    def _unregister(self, key: FactKey) -> Registered | None:
-        entry = self.registry.pop(key, None)
-        if entry is not None:
-            self.registered_tokens -= entry.length
-        return entry
-
-    def _forget(self, key: FactKey) -> None:
-        """Drop ``key`` from both tiers (the workers drop both with it)."""
-        self._unregister(key)
-        entry = self.host.pop(key, None)
-        if entry is not None:
-            self.host_tokens -= entry.length
-
-    def _make_room(self, tokens: int, req_id: str, plan: StepPlan) -> bool:
-        """Demote (or evict) least recently used facts until ``tokens`` more fit the
-        budget; ``False`` if they cannot fit (only shared headers, facts loaded in this
-        step and in-flight captures are left)."""
-        if self.budget_tokens is None:
-            return True
-        victims = (key for key in list(self.registry)
-                   if key.ns != SHARED_NS and key not in self._pinned)
-        while (self.registered_tokens + self._reserved + self._held + tokens
-               > self.budget_tokens):
-            key = next(victims, None)
-            if key is None:
-                return False
-            entry = self._unregister(key)
-            assert entry is not None
-            moves = self._moves.setdefault(req_id, _Moves())
-            if self._demote(key, entry, req_id, plan):
-                moves.demoted.append(key)
-            else:
-                plan.moves.append((EVICT, key))
-                moves.evicted.append(key)
-                self.evictions += 1
-        return True
-
-    def _demote(self, key: FactKey, entry: Registered, req_id: str, plan: StepPlan) -> bool:
-        """Move a fact to the host tier, dropping that tier's least recently used facts
-        to make room; ``False`` if there is no host tier or the fact is larger than it."""
-        budget = self.host_budget_tokens
-        if budget is None or entry.length > budget:
-            return False
-        while self.host_tokens + entry.length > budget:
-            self._evict_host_lru(req_id, plan)
-        self.host[key] = entry
-        self.host_tokens += entry.length
-        plan.moves.append((DEMOTE, key))
-        self.demotions += 1
-        return True
-
-    def _evict_host_lru(self, req_id: str, plan: StepPlan) -> None:
-        """Drop the host tier's least recently used fact on every worker."""
-        old, dropped = self.host.popitem(last=False)
-        self.host_tokens -= dropped.length
-        plan.moves.append((EVICT, old))
-        self._moves.setdefault(req_id, _Moves()).evicted.append(old)
-        self.evictions += 1
-
     def _promote(self, req_id: str, key: FactKey) -> None:
-        """Bring a demoted fact back to the device for a load in this step. If no room
-        can be made the fact stays on the host; the workers then miss it and vLLM
+        """Bring a demoted fact back to the device before its load in this step. If no
+        room can be made it stays on the host; the workers then miss it and vLLM
         recomputes its blocks (correct, only slower)."""
-        entry = self.host.pop(key)
-        self.host_tokens -= entry.length
-        if not self._make_room(entry.length, req_id, self._next):
+        room = self.facts.promote(key)
+        self._forward(req_id, room.moves, self._next)
+        if not room.fits:
             logger.warning("no room to promote fact %s to the device", key)
-            self.host[key] = entry
-            self.host_tokens += entry.length
-            # The facts demoted meanwhile may have filled the host tier: it drops its
-            # least recently used ones (``key`` is the most recent).
-            while self.host_tokens > (self.host_budget_tokens or 0) and len(self.host) > 1:
-                self._evict_host_lru(req_id, self._next)
-            return
-        self.registry[key] = entry
-        self.registered_tokens += entry.length
-        self._next.moves.append((PROMOTE, key))
-        self._moves.setdefault(req_id, _Moves()).promoted.append(key)
-        self.promotions += 1
+
+    def _forward(self, req_id: str, moves: tuple[Move, ...], plan: StepPlan) -> None:
+        """Hand the registry's moves to the workers in ``plan``, and to the report of
+        the request they were made for."""
+        if moves:
+            plan.moves.extend(moves)
+            self._moves.setdefault(req_id, _Moves()).add(moves)
 
     def _request_params(self, request: RequestLike) -> RequestParams | None:
         req_id = request.request_id
@@ -392,7 +303,7 @@ class SchedulerSide:
         usable: list[Span] = []
         position = 0
         for span in params.inject:
-            entry = self.registry.get(span.key) or self.host.get(span.key)
+            entry = self.facts.get(span.key)
             if (span.start != position or entry is None or entry.length != span.length
                     or entry.digest != token_digest(prompt[span.start:span.end])):
                 break
@@ -424,7 +335,7 @@ class SchedulerSide:
         self._captures[request.request_id] = _CaptureTrack(wanted, list(block_ids))
 
     def _is_registered(self, span: Span, prompt: list[int]) -> bool:
-        entry = self.registry.get(span.key) or self.host.get(span.key)
+        entry = self.facts.get(span.key)
         tokens = prompt[span.start:span.end]
         return entry is not None and entry.digest == token_digest(tokens)
 
@@ -439,13 +350,14 @@ class SchedulerSide:
             # The workers overwrite this key's pool entry in this step, but with async
             # scheduling later steps are planned before this request finishes: the old
             # registration must not be claimed meanwhile.
-            self._forget(span.key)
-            if not self._make_room(span.length, req_id, plan):
+            self.facts.forget(span.key)
+            room = self.facts.reserve(span.length)
+            self._forward(req_id, room.moves, plan)
+            if not room.fits:
                 logger.warning("fact %s does not fit the KV pool budget; not captured",
                                span.key)
                 plan.evicts.append(span.key)  # any older KV of it on the workers
                 continue
-            self._reserved += span.length
             self._capturer[span.key] = req_id
             emitted.append(span)
         if emitted:
