@@ -95,3 +95,20 @@ def test_a_recaptured_facts_host_copy_is_given_back_before_the_steps_moves() -> 
     plan = StepPlan(captures=[CaptureOp("r", [0], [Span(A, 0, 10)])], moves=[(DEMOTE, C)])
     side.start_load(plan)  # A is being recaptured; C goes to the host
     assert B in side.host_pool and C in side.host_pool and A not in side.host_pool
+
+
+def test_a_full_slab_leaves_the_new_fact_out_rather_than_choose_a_victim() -> None:
+    # The scheduler side's registry is the one eviction policy: it makes room before a
+    # capture and sends every drop in the step plan. A worker that still finds no room
+    # (it would hold a fact the registry no longer counts) stores nothing; its load fails
+    # later and the scheduler side forgets the fact. It used to drop its own least
+    # recently used fact instead, one that the registry still listed.
+    side = worker(30)
+    capture(side, A, 20, 1.0)
+    capture(side, B, 10, 2.0)
+    capture(side, C, 5, 3.0)  # the plan made no room for C
+    assert A in side.pool and B in side.pool and C not in side.pool
+    side2 = full_host_tier()
+    side2.start_load(StepPlan(moves=[(DEMOTE, C)]))  # the plan made no room for C there
+    assert A in side2.host_pool and B in side2.host_pool
+    assert C not in side2.host_pool and C not in side2.pool
