@@ -93,6 +93,20 @@ class _Report:
     error: str | None = None
 
 
+@dataclass
+class _Tracked:
+    """What the scheduler side follows of one request, from its first match to its end."""
+
+    params: RequestParams | None  # None: served as a plain prompt
+    error: str | None = None  # why its params were refused or cut, for its report
+    plan: InjectionPlan | None = None  # matched, not yet allocated
+    report: _Report | None = None  # from its first scheduling on
+    capture: _CaptureTrack | None = None
+    # (key, tokens, cache blocks) of every piece of KV sent to the workers for it.
+    loaded: list[tuple[FactKey, int, frozenset[int]]] = field(default_factory=list)
+    moves: _Moves = field(default_factory=_Moves)  # made on its behalf
+
+
 class SchedulerSide:
     """The connector's scheduler side: vLLM's requests in, a plan per step out.
 
@@ -112,14 +126,7 @@ class SchedulerSide:
         self.facts = FactRegistry(budget_tokens, host_budget_tokens)
         self.block_size = block_size
         self.load_failures = 0
-        self._moves: dict[str, _Moves] = {}  # by request
-        # Per request: (key, tokens, cache blocks) of every piece sent to the workers.
-        self._loaded: dict[str, list[tuple[FactKey, int, frozenset[int]]]] = {}
-        self._params: dict[str, RequestParams | None] = {}
-        self._errors: dict[str, str] = {}
-        self._captures: dict[str, _CaptureTrack] = {}
-        self._reports: dict[str, _Report] = {}
-        self._plans: dict[str, InjectionPlan] = {}  # matched, not yet allocated
+        self._requests: dict[str, _Tracked] = {}  # by request id, until it finishes
         # The request whose capture of a key the workers' pool holds last (see finished).
         self._capturer: dict[FactKey, str] = {}
         self._next = StepPlan()
@@ -129,23 +136,26 @@ class SchedulerSide:
     def num_matched_tokens(self, request: RequestLike, num_computed: int) -> int:
         """Tokens after ``num_computed`` whose KV the workers can load. No side effects
         beyond memoising the parsed params."""
-        params = self._request_params(request)
-        if params is None or not params.inject:
+        tracked = self._track(request)
+        if tracked.params is None or not tracked.params.inject:
             return 0
-        plan = self._plans[request.request_id] = self._plan_injection(request, params)
-        return plan.claim(num_computed)
+        tracked.plan = self._plan_injection(request, tracked.params)
+        return tracked.plan.claim(num_computed)
 
     def after_alloc(self, request: RequestLike, block_ids: list[int], num_external: int) -> None:
         """Record the load, capture and evict work of a request that was just scheduled."""
-        params = self._request_params(request)
-        req_id = request.request_id
-        report = self._reports.setdefault(req_id, _Report(error=self._errors.get(req_id)))
+        tracked = self._track(request)
+        req_id, params = request.request_id, tracked.params
+        if tracked.report is None:
+            tracked.report = _Report(error=tracked.error)
+        report = tracked.report
         if params is None:
             return
         if params.inject:
             # As matched just before in the same scheduling pass (the registry only
             # changes between steps).
-            plan = self._plans.pop(req_id, None) or self._plan_injection(request, params)
+            plan = tracked.plan or self._plan_injection(request, params)
+            tracked.plan = None
             report.missing = [[s.key.ns, s.key.name] for s in plan.missing]
             report.injected_tokens = num_external
             if num_external > 0:
@@ -156,14 +166,14 @@ class SchedulerSide:
                     if self.facts.is_on_host(key):
                         self._promote(req_id, key)
                 self._next.loads.append(op)
-                self._loaded[req_id] = [
+                tracked.loaded = [
                     (key, length, frozenset(
                         blocks_of(op.block_ids, self.block_size, position, length)))
                     for key, _, length, position in op.pieces]
             for span in plan.usable:
                 self.facts.touch(span.key)
         if params.capture:
-            self._track_capture(request, params, block_ids)
+            self._track_capture(request, tracked, params, block_ids)
         for key in params.evict:
             self.facts.delete(key)
             self._capturer.pop(key, None)
@@ -174,12 +184,12 @@ class SchedulerSide:
         """The worker plan of this step; resets the pending loads and evictions."""
         plan, self._next = self._next, StepPlan()
         for req in new_reqs:
-            track = self._captures.get(req.req_id)
+            track = self._capture_of(req.req_id)
             if track is not None:
                 end = req.num_computed_tokens + num_scheduled.get(req.req_id, 0)
                 self._emit_captures(req.req_id, track, end, plan)
         for i, req_id in enumerate(cached_reqs.req_ids):
-            track = self._captures.get(req_id)
+            track = self._capture_of(req_id)
             if track is None:
                 continue
             new_blocks = cached_reqs.new_block_ids[i]
@@ -198,12 +208,13 @@ class SchedulerSide:
         facts loaded there, so that later requests do not claim them again, and report
         them missing, so that the engine recaptures them. The shared header stays (it is
         never recaptured; its rows are never dropped)."""
-        for req_id, pieces in self._loaded.items():
+        for req_id, tracked in self._requests.items():
+            pieces = tracked.loaded
             failed = [(key, length) for key, length, blocks in pieces
                       if not blocks.isdisjoint(block_ids)]
             if not failed:
                 continue
-            report = self._reports.get(req_id)
+            report = tracked.report
             for key, length in failed:
                 if report is not None:
                     report.injected_tokens -= length
@@ -216,35 +227,41 @@ class SchedulerSide:
                 self._next.evicts.append(key)
                 if report is not None and [key.ns, key.name] not in report.missing:
                     report.missing.append([key.ns, key.name])
-            self._loaded[req_id] = [p for p in pieces if (p[0], p[1]) not in failed]
+            tracked.loaded = [p for p in pieces if (p[0], p[1]) not in failed]
 
     def finished(self, request: RequestLike) -> dict[str, Any] | None:
         """Register the facts a capture request stored; return the request's report."""
-        req_id = request.request_id
-        track = self._captures.pop(req_id, None)
+        tracked = self._requests.pop(request.request_id, None)
+        if tracked is None:
+            return None  # never matched nor scheduled
+        captured = self._register_captures(request, tracked.capture)
+        if tracked.report is None and not captured:
+            return None
+        return {PARAMS_KEY: self._report_body(tracked, captured)}
+
+    # -- helpers -----------------------------------------------------------------------
+
+    def _register_captures(self, request: RequestLike,
+                           track: _CaptureTrack | None) -> list[list[str]]:
+        """Register the latest capture of each key the request stored, unless a later
+        request captured the key again or it was deleted since; returns their names."""
+        if track is None:
+            return []
+        self.facts.release(sum(span.length for span in track.emitted))
         prompt = request.prompt_token_ids or []
         captured = []
-        latest = {span.key: span for span in track.emitted} if track else {}
-        self.facts.release(sum(span.length for span in track.emitted) if track else 0)
-        for key, span in latest.items():
-            if self._capturer.get(key) != req_id:
+        for key, span in {span.key: span for span in track.emitted}.items():
+            if self._capturer.get(key) != request.request_id:
                 continue  # captured again by a later request, or evicted, since
             del self._capturer[key]
             tokens = prompt[span.start:span.end]
             self.facts.register(key, Registered(token_digest(tokens), len(tokens)))
             captured.append([key.ns, key.name])
-        moves = self._moves.pop(req_id, None)
-        self._loaded.pop(req_id, None)
-        self._params.pop(req_id, None)
-        self._plans.pop(req_id, None)
-        self._errors.pop(req_id, None)
-        report = self._reports.pop(req_id, None)
-        if report is None and not captured:
-            return None
-        body: dict[str, Any] = {"captured": captured}
-        if moves is not None:
-            body.update(moves.body())
-        facts = self.facts
+        return captured
+
+    def _report_body(self, tracked: _Tracked, captured: list[list[str]]) -> dict[str, Any]:
+        report, moves, facts = tracked.report, tracked.moves.body(), self.facts
+        body: dict[str, Any] = {"captured": captured, **moves}
         if (captured or moves) and facts.budget_tokens is not None:
             body.update(pool_tokens=facts.device_tokens, budget_tokens=facts.budget_tokens)
             if facts.host_budget_tokens is not None:
@@ -254,9 +271,7 @@ class SchedulerSide:
             body.update(injected_tokens=report.injected_tokens, missing=report.missing)
             if report.error:
                 body["error"] = report.error
-        return {PARAMS_KEY: body}
-
-    # -- helpers -----------------------------------------------------------------------
+        return body
 
     def _promote(self, req_id: str, key: FactKey) -> None:
         """Bring a demoted fact back to the device before its load in this step. If no
@@ -270,33 +285,38 @@ class SchedulerSide:
     def _forward(self, req_id: str, moves: tuple[Move, ...], plan: StepPlan) -> None:
         """Hand the registry's moves to the workers in ``plan``, and to the report of
         the request they were made for."""
-        if moves:
-            plan.moves.extend(moves)
-            self._moves.setdefault(req_id, _Moves()).add(moves)
+        plan.moves.extend(moves)
+        self._requests[req_id].moves.add(moves)
 
-    def _request_params(self, request: RequestLike) -> RequestParams | None:
-        req_id = request.request_id
-        if req_id not in self._params:
-            self._params[req_id] = self._parse(request)
-        return self._params[req_id]
+    def _track(self, request: RequestLike) -> _Tracked:
+        """The request's tracking, its params parsed on first sight."""
+        tracked = self._requests.get(request.request_id)
+        if tracked is None:
+            tracked = self._requests[request.request_id] = _Tracked(*self._parse(request))
+        return tracked
 
-    def _parse(self, request: RequestLike) -> RequestParams | None:
+    def _capture_of(self, req_id: str) -> _CaptureTrack | None:
+        tracked = self._requests.get(req_id)
+        return tracked.capture if tracked is not None else None
+
+    @staticmethod
+    def _parse(request: RequestLike) -> tuple[RequestParams | None, str | None]:
+        """The request's params, and why they were refused or cut (``None``: they were
+        not)."""
         prompt_len = len(request.prompt_token_ids or [])
         try:
             params = parse_params(request.kv_transfer_params, prompt_len)
         except ParamsError as exc:
             # A bad request is served as a plain prompt; it must never stop the engine.
             logger.warning("request %s: ignoring kv_transfer_params: %s", request.request_id, exc)
-            self._errors[request.request_id] = str(exc)
-            return None
+            return None, str(exc)
         if (params is not None and params.inject
                 and request.cache_salt != cache_salt(params.tenant, params.layout)):
             message = "injection needs the cache_salt of its tenant and layout"
             logger.warning("request %s: %s", request.request_id, message)
-            self._errors[request.request_id] = message
-            params = RequestParams(params.tenant, params.layout, params.capture, (),
-                                   params.evict)
-        return params
+            return RequestParams(params.tenant, params.layout, params.capture, (),
+                                 params.evict), message
+        return params, None
 
     def _plan_injection(self, request: RequestLike, params: RequestParams) -> InjectionPlan:
         prompt = request.prompt_token_ids or []
@@ -324,15 +344,14 @@ class SchedulerSide:
                 pieces.append((span.key, start - span.start, end - start, start))
         return LoadOp(req_id, list(block_ids), pieces)
 
-    def _track_capture(self, request: RequestLike, params: RequestParams,
+    def _track_capture(self, request: RequestLike, tracked: _Tracked, params: RequestParams,
                        block_ids: list[int]) -> None:
-        track = self._captures.get(request.request_id)
-        if track is not None:  # rescheduled after a preemption: new blocks
-            track.block_ids = list(block_ids)
+        if tracked.capture is not None:  # rescheduled after a preemption: new blocks
+            tracked.capture.block_ids = list(block_ids)
             return
         prompt = request.prompt_token_ids or []
         wanted = [span for span in params.capture if not self._is_registered(span, prompt)]
-        self._captures[request.request_id] = _CaptureTrack(wanted, list(block_ids))
+        tracked.capture = _CaptureTrack(wanted, list(block_ids))
 
     def _is_registered(self, span: Span, prompt: list[int]) -> bool:
         entry = self.facts.get(span.key)
