@@ -1,11 +1,13 @@
-"""Scheduler side of the connector: which facts exist, what each request may claim.
+"""Scheduler side of the connector: what each request may claim, and each step's plan.
 
-Plain bookkeeping, no torch. The scheduler process never shares memory with the driver
-or the workers, so it learns which facts exist only from the requests it schedules: a
-fact is registered when the request that captured it finishes, and dropped when an
-eviction request is scheduled. Every span a request wants injected is checked against
-the registry *and* against the request's own prompt tokens (a digest), so a forged or
-stale span is recomputed, never loaded.
+Plain bookkeeping, no torch; which facts exist, in which tier, within which budget, is
+the business of :mod:`.registry` (no vLLM either), and this module is the glue between
+vLLM's requests and it. The scheduler process never shares memory with the driver or the
+workers, so it learns which facts exist only from the requests it schedules: a fact is
+registered when the request that captured it finishes, and dropped when an eviction
+request is scheduled. Every span a request wants injected is checked against the
+registry *and* against the request's own prompt tokens (a digest), so a forged or stale
+span is recomputed, never loaded.
 """
 
 from __future__ import annotations
@@ -127,7 +129,8 @@ class SchedulerSide:
         self.block_size = block_size
         self.load_failures = 0
         self._requests: dict[str, _Tracked] = {}  # by request id, until it finishes
-        # The request whose capture of a key the workers' pool holds last (see finished).
+        # The request whose capture of a key the workers' pool holds last (see
+        # _register_captures).
         self._capturer: dict[FactKey, str] = {}
         self._next = StepPlan()
 
@@ -145,33 +148,13 @@ class SchedulerSide:
     def after_alloc(self, request: RequestLike, block_ids: list[int], num_external: int) -> None:
         """Record the load, capture and evict work of a request that was just scheduled."""
         tracked = self._track(request)
-        req_id, params = request.request_id, tracked.params
+        params = tracked.params
         if tracked.report is None:
             tracked.report = _Report(error=tracked.error)
-        report = tracked.report
         if params is None:
             return
         if params.inject:
-            # As matched just before in the same scheduling pass (the registry only
-            # changes between steps).
-            plan = tracked.plan or self._plan_injection(request, params)
-            tracked.plan = None
-            report.missing = [[s.key.ns, s.key.name] for s in plan.missing]
-            report.injected_tokens = num_external
-            if num_external > 0:
-                op = self._load_op(req_id, block_ids, plan, num_external)
-                loaded = [key for key, *_ in op.pieces]
-                self.facts.pin(loaded)
-                for key in loaded:
-                    if self.facts.is_on_host(key):
-                        self._promote(req_id, key)
-                self._next.loads.append(op)
-                tracked.loaded = [
-                    (key, length, frozenset(
-                        blocks_of(op.block_ids, self.block_size, position, length)))
-                    for key, _, length, position in op.pieces]
-            for span in plan.usable:
-                self.facts.touch(span.key)
+            self._record_injection(request, tracked, params, block_ids, num_external)
         if params.capture:
             self._track_capture(request, tracked, params, block_ids)
         for key in params.evict:
@@ -272,6 +255,33 @@ class SchedulerSide:
             if report.error:
                 body["error"] = report.error
         return body
+
+    def _record_injection(self, request: RequestLike, tracked: _Tracked,
+                          params: RequestParams, block_ids: list[int],
+                          num_external: int) -> None:
+        """Plan the load of the KV vLLM let the request claim: pin it for this step,
+        promote what is on the host, and mark it recently used."""
+        assert tracked.report is not None
+        # As matched just before in the same scheduling pass (the registry only changes
+        # between steps).
+        plan = tracked.plan or self._plan_injection(request, params)
+        tracked.plan = None
+        tracked.report.missing = [[s.key.ns, s.key.name] for s in plan.missing]
+        tracked.report.injected_tokens = num_external
+        if num_external > 0:
+            op = self._load_op(request.request_id, block_ids, plan, num_external)
+            loaded = [key for key, *_ in op.pieces]
+            self.facts.pin(loaded)
+            for key in loaded:
+                if self.facts.is_on_host(key):
+                    self._promote(request.request_id, key)
+            self._next.loads.append(op)
+            tracked.loaded = [
+                (key, length, frozenset(
+                    blocks_of(op.block_ids, self.block_size, position, length)))
+                for key, _, length, position in op.pieces]
+        for span in plan.usable:
+            self.facts.touch(span.key)
 
     def _promote(self, req_id: str, key: FactKey) -> None:
         """Bring a demoted fact back to the device before its load in this step. If no
