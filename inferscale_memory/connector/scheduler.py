@@ -1,17 +1,18 @@
-"""Scheduler side of the connector: which facts exist, what each request may claim.
+"""Scheduler side of the connector: what each request may claim, and each step's plan.
 
-Plain bookkeeping, no torch. The scheduler process never shares memory with the driver
-or the workers, so it learns which facts exist only from the requests it schedules: a
-fact is registered when the request that captured it finishes, and dropped when an
-eviction request is scheduled. Every span a request wants injected is checked against
-the registry *and* against the request's own prompt tokens (a digest), so a forged or
-stale span is recomputed, never loaded.
+Plain bookkeeping, no torch; which facts exist, in which tier, within which budget, is
+the business of :mod:`.registry` (no vLLM either), and this module is the glue between
+vLLM's requests and it. The scheduler process never shares memory with the driver or the
+workers, so it learns which facts exist only from the requests it schedules: a fact is
+registered when the request that captured it finishes, and dropped when an eviction
+request is scheduled. Every span a request wants injected is checked against the
+registry *and* against the request's own prompt tokens (a digest), so a forged or stale
+span is recomputed, never loaded.
 """
 
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -35,6 +36,7 @@ from inferscale_memory.connector.plan import (
     StepPlan,
     blocks_of,
 )
+from inferscale_memory.connector.registry import FactRegistry, Move, Registered
 
 logger = logging.getLogger(__name__)
 
@@ -46,14 +48,6 @@ class RequestLike(Protocol):
     prompt_token_ids: list[int] | None
     kv_transfer_params: dict[str, Any] | None
     cache_salt: str | None
-
-
-@dataclass(frozen=True)
-class Registered:
-    """What the scheduler knows of a captured fact."""
-
-    digest: bytes  # token_digest of the captured tokens
-    length: int  # number of tokens
 
 
 @dataclass(frozen=True)
@@ -76,6 +70,11 @@ class _Moves:
     demoted: list[FactKey] = field(default_factory=list)  # moved to the host tier
     promoted: list[FactKey] = field(default_factory=list)  # back from the host tier
 
+    def add(self, moves: tuple[Move, ...]) -> None:
+        lists = {EVICT: self.evicted, DEMOTE: self.demoted, PROMOTE: self.promoted}
+        for move, key in moves:
+            lists[move].append(key)
+
     def body(self) -> dict[str, list[list[str]]]:
         return {name: [[key.ns, key.name] for key in keys]
                 for name, keys in (("evicted", self.evicted), ("demoted", self.demoted),
@@ -96,48 +95,42 @@ class _Report:
     error: str | None = None
 
 
+@dataclass
+class _Tracked:
+    """What the scheduler side follows of one request, from its first match to its end."""
+
+    params: RequestParams | None  # None: served as a plain prompt
+    error: str | None = None  # why its params were refused or cut, for its report
+    plan: InjectionPlan | None = None  # matched, not yet allocated
+    report: _Report | None = None  # from its first scheduling on
+    capture: _CaptureTrack | None = None
+    # (key, tokens, cache blocks) of every piece of KV sent to the workers for it.
+    loaded: list[tuple[FactKey, int, frozenset[int]]] = field(default_factory=list)
+    moves: _Moves = field(default_factory=_Moves)  # made on its behalf
+
+
 class SchedulerSide:
-    """Registry of captured facts and the per-step plan for the workers.
+    """The connector's scheduler side: vLLM's requests in, a plan per step out.
 
-    With a ``budget_tokens``, the registry is also the pool's eviction policy: before a
-    step captures a span, room for it is made by evicting the least recently injected or
-    captured facts (never a shared header, never a fact loaded in the same step) on every
-    worker, in the same step; a span that cannot fit even then is not captured. The
-    workers' pools thus hold what the registry holds, within the budget, so a request
-    naming an evicted fact is told it is missing (and recomputes it) instead of failing a
-    load.
-
-    With a ``host_budget_tokens`` as well, room is made by *demoting* facts to the
-    workers' host-memory tier (itself least recently used first, within its budget); a
-    request naming a demoted fact promotes it back to the device before its load, which
-    costs one copy instead of a recompute.
+    Which facts exist, and which ones each tier keeps within its budget, is the
+    :class:`~.registry.FactRegistry`'s business (the one eviction policy). This class
+    follows vLLM's requests around it: it matches inject spans against the registry and
+    the request's own tokens, pins what a step loads, reserves room for what it captures,
+    registers captures when their request finishes, and forwards every move the registry
+    makes to the workers in the step plan, so that their pools hold what it holds. A
+    request naming a fact that was evicted is told it is missing (and recomputes it)
+    instead of failing a load; one naming a demoted fact promotes it back to the device
+    before its load, which costs one copy instead of a recompute.
     """
 
     def __init__(self, budget_tokens: int | None = None,
                  host_budget_tokens: int | None = None, block_size: int = 16) -> None:
-        self.registry: OrderedDict[FactKey, Registered] = OrderedDict()  # LRU first
-        self.host: OrderedDict[FactKey, Registered] = OrderedDict()  # demoted, LRU first
-        self.budget_tokens = budget_tokens
-        self.host_budget_tokens = host_budget_tokens or None
-        self.registered_tokens = 0
-        self.host_tokens = 0
-        self.evictions = 0
-        self.demotions = 0
-        self.promotions = 0
-        self._reserved = 0  # tokens of captures emitted to the workers, not yet registered
-        self._pinned: set[FactKey] = set()  # facts loaded in the step being planned
-        self._held = 0  # tokens of facts deleted in this step that a load of it reads
-        self._moves: dict[str, _Moves] = {}  # by request
+        self.facts = FactRegistry(budget_tokens, host_budget_tokens)
         self.block_size = block_size
-        # Per request: (key, tokens, cache blocks) of every piece sent to the workers.
-        self._loaded: dict[str, list[tuple[FactKey, int, frozenset[int]]]] = {}
         self.load_failures = 0
-        self._params: dict[str, RequestParams | None] = {}
-        self._errors: dict[str, str] = {}
-        self._captures: dict[str, _CaptureTrack] = {}
-        self._reports: dict[str, _Report] = {}
-        self._plans: dict[str, InjectionPlan] = {}  # matched, not yet allocated
-        # The request whose capture of a key the workers' pool holds last (see finished).
+        self._requests: dict[str, _Tracked] = {}  # by request id, until it finishes
+        # The request whose capture of a key the workers' pool holds last (see
+        # _register_captures).
         self._capturer: dict[FactKey, str] = {}
         self._next = StepPlan()
 
@@ -146,46 +139,26 @@ class SchedulerSide:
     def num_matched_tokens(self, request: RequestLike, num_computed: int) -> int:
         """Tokens after ``num_computed`` whose KV the workers can load. No side effects
         beyond memoising the parsed params."""
-        params = self._request_params(request)
-        if params is None or not params.inject:
+        tracked = self._track(request)
+        if tracked.params is None or not tracked.params.inject:
             return 0
-        plan = self._plans[request.request_id] = self._plan_injection(request, params)
-        return plan.claim(num_computed)
+        tracked.plan = self._plan_injection(request, tracked.params)
+        return tracked.plan.claim(num_computed)
 
     def after_alloc(self, request: RequestLike, block_ids: list[int], num_external: int) -> None:
         """Record the load, capture and evict work of a request that was just scheduled."""
-        params = self._request_params(request)
-        req_id = request.request_id
-        report = self._reports.setdefault(req_id, _Report(error=self._errors.get(req_id)))
+        tracked = self._track(request)
+        params = tracked.params
+        if tracked.report is None:
+            tracked.report = _Report(error=tracked.error)
         if params is None:
             return
         if params.inject:
-            # As matched just before in the same scheduling pass (the registry only
-            # changes between steps).
-            plan = self._plans.pop(req_id, None) or self._plan_injection(request, params)
-            report.missing = [[s.key.ns, s.key.name] for s in plan.missing]
-            report.injected_tokens = num_external
-            if num_external > 0:
-                op = self._load_op(req_id, block_ids, plan, num_external)
-                loaded = [key for key, *_ in op.pieces]
-                self._pinned.update(loaded)
-                for key in loaded:
-                    if key in self.host:
-                        self._promote(req_id, key)
-                self._next.loads.append(op)
-                self._loaded[req_id] = [
-                    (key, length, frozenset(
-                        blocks_of(op.block_ids, self.block_size, position, length)))
-                    for key, _, length, position in op.pieces]
-            for span in plan.usable:
-                if span.key in self.registry:
-                    self.registry.move_to_end(span.key)  # recently used
+            self._record_injection(request, tracked, params, block_ids, num_external)
         if params.capture:
-            self._track_capture(request, params, block_ids)
+            self._track_capture(request, tracked, params, block_ids)
         for key in params.evict:
-            if key in self._pinned and key in self.registry:
-                self._held += self.registry[key].length  # freed after the loads
-            self._forget(key)
+            self.facts.delete(key)
             self._capturer.pop(key, None)
             self._next.evicts.append(key)
 
@@ -194,12 +167,12 @@ class SchedulerSide:
         """The worker plan of this step; resets the pending loads and evictions."""
         plan, self._next = self._next, StepPlan()
         for req in new_reqs:
-            track = self._captures.get(req.req_id)
+            track = self._capture_of(req.req_id)
             if track is not None:
                 end = req.num_computed_tokens + num_scheduled.get(req.req_id, 0)
                 self._emit_captures(req.req_id, track, end, plan)
         for i, req_id in enumerate(cached_reqs.req_ids):
-            track = self._captures.get(req_id)
+            track = self._capture_of(req_id)
             if track is None:
                 continue
             new_blocks = cached_reqs.new_block_ids[i]
@@ -210,8 +183,7 @@ class SchedulerSide:
                     track.block_ids.extend(new_blocks[0])
             end = cached_reqs.num_computed_tokens[i] + num_scheduled.get(req_id, 0)
             self._emit_captures(req_id, track, end, plan)
-        self._pinned.clear()
-        self._held = 0
+        self.facts.end_step()
         return plan
 
     def load_failed(self, block_ids: set[int]) -> None:
@@ -219,12 +191,13 @@ class SchedulerSide:
         facts loaded there, so that later requests do not claim them again, and report
         them missing, so that the engine recaptures them. The shared header stays (it is
         never recaptured; its rows are never dropped)."""
-        for req_id, pieces in self._loaded.items():
+        for req_id, tracked in self._requests.items():
+            pieces = tracked.loaded
             failed = [(key, length) for key, length, blocks in pieces
                       if not blocks.isdisjoint(block_ids)]
             if not failed:
                 continue
-            report = self._reports.get(req_id)
+            report = tracked.report
             for key, length in failed:
                 if report is not None:
                     report.injected_tokens -= length
@@ -233,166 +206,134 @@ class SchedulerSide:
                 logger.warning("request %s: fact %s failed to load; recomputed, forgotten",
                                req_id, key)
                 self.load_failures += 1
-                self._forget(key)
+                self.facts.forget(key)
                 self._next.evicts.append(key)
                 if report is not None and [key.ns, key.name] not in report.missing:
                     report.missing.append([key.ns, key.name])
-            self._loaded[req_id] = [p for p in pieces if (p[0], p[1]) not in failed]
+            tracked.loaded = [p for p in pieces if (p[0], p[1]) not in failed]
 
     def finished(self, request: RequestLike) -> dict[str, Any] | None:
         """Register the facts a capture request stored; return the request's report."""
-        req_id = request.request_id
-        track = self._captures.pop(req_id, None)
+        tracked = self._requests.pop(request.request_id, None)
+        if tracked is None:
+            return None  # never matched nor scheduled
+        captured = self._register_captures(request, tracked.capture)
+        if tracked.report is None and not captured:
+            return None
+        return {PARAMS_KEY: self._report_body(tracked, captured)}
+
+    # -- helpers -----------------------------------------------------------------------
+
+    def _register_captures(self, request: RequestLike,
+                           track: _CaptureTrack | None) -> list[list[str]]:
+        """Register the latest capture of each key the request stored, unless a later
+        request captured the key again or it was deleted since; returns their names."""
+        if track is None:
+            return []
+        self.facts.release(sum(span.length for span in track.emitted))
         prompt = request.prompt_token_ids or []
         captured = []
-        latest = {span.key: span for span in track.emitted} if track else {}
-        self._reserved -= sum(span.length for span in track.emitted) if track else 0
-        for key, span in latest.items():
-            if self._capturer.get(key) != req_id:
+        for key, span in {span.key: span for span in track.emitted}.items():
+            if self._capturer.get(key) != request.request_id:
                 continue  # captured again by a later request, or evicted, since
             del self._capturer[key]
             tokens = prompt[span.start:span.end]
-            self._register(key, Registered(token_digest(tokens), len(tokens)))
+            self.facts.register(key, Registered(token_digest(tokens), len(tokens)))
             captured.append([key.ns, key.name])
-        moves = self._moves.pop(req_id, None)
-        self._loaded.pop(req_id, None)
-        self._params.pop(req_id, None)
-        self._plans.pop(req_id, None)
-        self._errors.pop(req_id, None)
-        report = self._reports.pop(req_id, None)
-        if report is None and not captured:
-            return None
-        body: dict[str, Any] = {"captured": captured}
-        if moves is not None:
-            body.update(moves.body())
-        if (captured or moves) and self.budget_tokens is not None:
-            body.update(pool_tokens=self.registered_tokens, budget_tokens=self.budget_tokens)
-            if self.host_budget_tokens is not None:
-                body.update(host_tokens=self.host_tokens,
-                            host_budget_tokens=self.host_budget_tokens)
+        return captured
+
+    def _report_body(self, tracked: _Tracked, captured: list[list[str]]) -> dict[str, Any]:
+        report, moves, facts = tracked.report, tracked.moves.body(), self.facts
+        body: dict[str, Any] = {"captured": captured, **moves}
+        if (captured or moves) and facts.budget_tokens is not None:
+            body.update(pool_tokens=facts.device_tokens, budget_tokens=facts.budget_tokens)
+            if facts.host_budget_tokens is not None:
+                body.update(host_tokens=facts.host_tokens,
+                            host_budget_tokens=facts.host_budget_tokens)
         if report is not None:
             body.update(injected_tokens=report.injected_tokens, missing=report.missing)
             if report.error:
                 body["error"] = report.error
-        return {PARAMS_KEY: body}
+        return body
 
-    # -- helpers -----------------------------------------------------------------------
-
-    def _register(self, key: FactKey, entry: Registered) -> None:
-        self._forget(key)
-        self.registry[key] = entry
-        self.registered_tokens += entry.length
-
-    def _unregister(self, key: FactKey) -> Registered | None:
-        entry = self.registry.pop(key, None)
-        if entry is not None:
-            self.registered_tokens -= entry.length
-        return entry
-
-    def _forget(self, key: FactKey) -> None:
-        """Drop ``key`` from both tiers (the workers drop both with it)."""
-        self._unregister(key)
-        entry = self.host.pop(key, None)
-        if entry is not None:
-            self.host_tokens -= entry.length
-
-    def _make_room(self, tokens: int, req_id: str, plan: StepPlan) -> bool:
-        """Demote (or evict) least recently used facts until ``tokens`` more fit the
-        budget; ``False`` if they cannot fit (only shared headers, facts loaded in this
-        step and in-flight captures are left)."""
-        if self.budget_tokens is None:
-            return True
-        victims = (key for key in list(self.registry)
-                   if key.ns != SHARED_NS and key not in self._pinned)
-        while (self.registered_tokens + self._reserved + self._held + tokens
-               > self.budget_tokens):
-            key = next(victims, None)
-            if key is None:
-                return False
-            entry = self._unregister(key)
-            assert entry is not None
-            moves = self._moves.setdefault(req_id, _Moves())
-            if self._demote(key, entry, req_id, plan):
-                moves.demoted.append(key)
-            else:
-                plan.moves.append((EVICT, key))
-                moves.evicted.append(key)
-                self.evictions += 1
-        return True
-
-    def _demote(self, key: FactKey, entry: Registered, req_id: str, plan: StepPlan) -> bool:
-        """Move a fact to the host tier, dropping that tier's least recently used facts
-        to make room; ``False`` if there is no host tier or the fact is larger than it."""
-        budget = self.host_budget_tokens
-        if budget is None or entry.length > budget:
-            return False
-        while self.host_tokens + entry.length > budget:
-            self._evict_host_lru(req_id, plan)
-        self.host[key] = entry
-        self.host_tokens += entry.length
-        plan.moves.append((DEMOTE, key))
-        self.demotions += 1
-        return True
-
-    def _evict_host_lru(self, req_id: str, plan: StepPlan) -> None:
-        """Drop the host tier's least recently used fact on every worker."""
-        old, dropped = self.host.popitem(last=False)
-        self.host_tokens -= dropped.length
-        plan.moves.append((EVICT, old))
-        self._moves.setdefault(req_id, _Moves()).evicted.append(old)
-        self.evictions += 1
+    def _record_injection(self, request: RequestLike, tracked: _Tracked,
+                          params: RequestParams, block_ids: list[int],
+                          num_external: int) -> None:
+        """Plan the load of the KV vLLM let the request claim: pin it for this step,
+        promote what is on the host, and mark it recently used."""
+        assert tracked.report is not None
+        # As matched just before in the same scheduling pass (the registry only changes
+        # between steps).
+        plan = tracked.plan or self._plan_injection(request, params)
+        tracked.plan = None
+        tracked.report.missing = [[s.key.ns, s.key.name] for s in plan.missing]
+        tracked.report.injected_tokens = num_external
+        if num_external > 0:
+            op = self._load_op(request.request_id, block_ids, plan, num_external)
+            loaded = [key for key, *_ in op.pieces]
+            self.facts.pin(loaded)
+            for key in loaded:
+                if self.facts.is_on_host(key):
+                    self._promote(request.request_id, key)
+            self._next.loads.append(op)
+            tracked.loaded = [
+                (key, length, frozenset(
+                    blocks_of(op.block_ids, self.block_size, position, length)))
+                for key, _, length, position in op.pieces]
+        for span in plan.usable:
+            self.facts.touch(span.key)
 
     def _promote(self, req_id: str, key: FactKey) -> None:
-        """Bring a demoted fact back to the device for a load in this step. If no room
-        can be made the fact stays on the host; the workers then miss it and vLLM
+        """Bring a demoted fact back to the device before its load in this step. If no
+        room can be made it stays on the host; the workers then miss it and vLLM
         recomputes its blocks (correct, only slower)."""
-        entry = self.host.pop(key)
-        self.host_tokens -= entry.length
-        if not self._make_room(entry.length, req_id, self._next):
+        room = self.facts.promote(key)
+        self._forward(req_id, room.moves, self._next)
+        if not room.fits:
             logger.warning("no room to promote fact %s to the device", key)
-            self.host[key] = entry
-            self.host_tokens += entry.length
-            # The facts demoted meanwhile may have filled the host tier: it drops its
-            # least recently used ones (``key`` is the most recent).
-            while self.host_tokens > (self.host_budget_tokens or 0) and len(self.host) > 1:
-                self._evict_host_lru(req_id, self._next)
-            return
-        self.registry[key] = entry
-        self.registered_tokens += entry.length
-        self._next.moves.append((PROMOTE, key))
-        self._moves.setdefault(req_id, _Moves()).promoted.append(key)
-        self.promotions += 1
 
-    def _request_params(self, request: RequestLike) -> RequestParams | None:
-        req_id = request.request_id
-        if req_id not in self._params:
-            self._params[req_id] = self._parse(request)
-        return self._params[req_id]
+    def _forward(self, req_id: str, moves: tuple[Move, ...], plan: StepPlan) -> None:
+        """Hand the registry's moves to the workers in ``plan``, and to the report of
+        the request they were made for."""
+        plan.moves.extend(moves)
+        self._requests[req_id].moves.add(moves)
 
-    def _parse(self, request: RequestLike) -> RequestParams | None:
+    def _track(self, request: RequestLike) -> _Tracked:
+        """The request's tracking, its params parsed on first sight."""
+        tracked = self._requests.get(request.request_id)
+        if tracked is None:
+            tracked = self._requests[request.request_id] = _Tracked(*self._parse(request))
+        return tracked
+
+    def _capture_of(self, req_id: str) -> _CaptureTrack | None:
+        tracked = self._requests.get(req_id)
+        return tracked.capture if tracked is not None else None
+
+    @staticmethod
+    def _parse(request: RequestLike) -> tuple[RequestParams | None, str | None]:
+        """The request's params, and why they were refused or cut (``None``: they were
+        not)."""
         prompt_len = len(request.prompt_token_ids or [])
         try:
             params = parse_params(request.kv_transfer_params, prompt_len)
         except ParamsError as exc:
             # A bad request is served as a plain prompt; it must never stop the engine.
             logger.warning("request %s: ignoring kv_transfer_params: %s", request.request_id, exc)
-            self._errors[request.request_id] = str(exc)
-            return None
+            return None, str(exc)
         if (params is not None and params.inject
                 and request.cache_salt != cache_salt(params.tenant, params.layout)):
             message = "injection needs the cache_salt of its tenant and layout"
             logger.warning("request %s: %s", request.request_id, message)
-            self._errors[request.request_id] = message
-            params = RequestParams(params.tenant, params.layout, params.capture, (),
-                                   params.evict)
-        return params
+            return RequestParams(params.tenant, params.layout, params.capture, (),
+                                 params.evict), message
+        return params, None
 
     def _plan_injection(self, request: RequestLike, params: RequestParams) -> InjectionPlan:
         prompt = request.prompt_token_ids or []
         usable: list[Span] = []
         position = 0
         for span in params.inject:
-            entry = self.registry.get(span.key) or self.host.get(span.key)
+            entry = self.facts.get(span.key)
             if (span.start != position or entry is None or entry.length != span.length
                     or entry.digest != token_digest(prompt[span.start:span.end])):
                 break
@@ -413,18 +354,17 @@ class SchedulerSide:
                 pieces.append((span.key, start - span.start, end - start, start))
         return LoadOp(req_id, list(block_ids), pieces)
 
-    def _track_capture(self, request: RequestLike, params: RequestParams,
+    def _track_capture(self, request: RequestLike, tracked: _Tracked, params: RequestParams,
                        block_ids: list[int]) -> None:
-        track = self._captures.get(request.request_id)
-        if track is not None:  # rescheduled after a preemption: new blocks
-            track.block_ids = list(block_ids)
+        if tracked.capture is not None:  # rescheduled after a preemption: new blocks
+            tracked.capture.block_ids = list(block_ids)
             return
         prompt = request.prompt_token_ids or []
         wanted = [span for span in params.capture if not self._is_registered(span, prompt)]
-        self._captures[request.request_id] = _CaptureTrack(wanted, list(block_ids))
+        tracked.capture = _CaptureTrack(wanted, list(block_ids))
 
     def _is_registered(self, span: Span, prompt: list[int]) -> bool:
-        entry = self.registry.get(span.key) or self.host.get(span.key)
+        entry = self.facts.get(span.key)
         tokens = prompt[span.start:span.end]
         return entry is not None and entry.digest == token_digest(tokens)
 
@@ -439,13 +379,14 @@ class SchedulerSide:
             # The workers overwrite this key's pool entry in this step, but with async
             # scheduling later steps are planned before this request finishes: the old
             # registration must not be claimed meanwhile.
-            self._forget(span.key)
-            if not self._make_room(span.length, req_id, plan):
+            self.facts.forget(span.key)
+            room = self.facts.reserve(span.length)
+            self._forward(req_id, room.moves, plan)
+            if not room.fits:
                 logger.warning("fact %s does not fit the KV pool budget; not captured",
                                span.key)
                 plan.evicts.append(span.key)  # any older KV of it on the workers
                 continue
-            self._reserved += span.length
             self._capturer[span.key] = req_id
             emitted.append(span)
         if emitted:

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from inferscale_memory.connector import compat
-from inferscale_memory.connector.params import SHARED_NS, FactKey
+from inferscale_memory.connector.params import FactKey
 from inferscale_memory.connector.plan import DEMOTE, PROMOTE, LoadOp, StepPlan, blocks_of
 from inferscale_memory.kv import fused
 from inferscale_memory.kv.fused import FusedInjector
@@ -283,24 +283,20 @@ class WorkerSide:
     def _allocate(self, num_tokens: int, host: bool = False) -> np.ndarray | None:
         """Rows of the device slab (or of the host tier), or ``None`` if there is no room.
 
-        The scheduler keeps both tiers within their budgets and a slab hands out any free
-        rows, so this finds room unless the workers hold facts the scheduler no longer
-        counts: then their least recently used facts go (a request naming one fails its
-        load, and the scheduler side forgets it). Rows that still cannot be found are not
-        stored: never an error that would stop the engine.
+        The scheduler side's registry keeps both tiers within their budgets and sends
+        every drop it decides in the step plan, and a slab hands out any free rows, so
+        this finds room. The worker never picks a victim of its own, which could disagree
+        with the registry's choice: rows that cannot be found are not stored (a load of
+        that fact then fails, vLLM recomputes it and the scheduler side forgets it),
+        never an error that would stop the engine.
         """
-        slab, pool = (self._host, self.host_pool) if host else (self._slab, self.pool)
+        slab = self._host if host else self._slab
         assert slab is not None
-        while True:
-            try:
-                return slab.allocate_rows(num_tokens)
-            except SlabFullError:
-                victim = next((k for k in pool.lru_order() if k.ns != SHARED_NS), None)
-                if victim is None:
-                    logger.warning("no room for %d tokens of fact KV", num_tokens)
-                    return None
-                logger.warning("KV pool full; dropping %s to make room", victim)
-                self._drop(victim)
+        try:
+            return slab.allocate_rows(num_tokens)
+        except SlabFullError:
+            logger.warning("no room for %d tokens of fact KV; not stored", num_tokens)
+            return None
 
     # -- helpers -----------------------------------------------------------------------
 

@@ -170,13 +170,13 @@ def test_capture_emits_spans_with_the_request_blocks(side: SchedulerSide) -> Non
     assert claimed == 0
     assert plan.loads == [] and plan.evicts == []
     assert plan.captures == [CaptureOp("cap", [7, 3, 9], spans[:3])]
-    assert side.registry == {}  # registered only when the request finishes
+    assert side.facts.device == {}  # registered only when the request finishes
     report = side.finished(req)
     assert report == {PARAMS_KEY: {"captured": [["", HEADER.name], ["alice", "fa"],
                                                 ["alice", "fb"]],
                                    "injected_tokens": 0, "missing": []}}
-    assert set(side.registry) == {HEADER, A, B}
-    assert side.registry[A].length == len(A_IDS)
+    assert set(side.facts.device) == {HEADER, A, B}
+    assert side.facts.device[A].length == len(A_IDS)
 
 
 def test_inject_claims_header_and_facts_with_right_pieces(primed: SchedulerSide) -> None:
@@ -259,7 +259,7 @@ def test_span_not_right_after_the_previous_one_stops_the_claim(primed: Scheduler
 
 def test_missing_fact_in_the_middle_stops_the_claim(side: SchedulerSide) -> None:
     capture_all(side, parts=((HEADER, HEADER_IDS), (A, A_IDS), (C, C_IDS)))
-    assert B not in side.registry
+    assert B not in side.facts.device
     req = inject_request("mid", ((HEADER, HEADER_IDS), (A, A_IDS), (B, B_IDS), (C, C_IDS)))
     claimed, plan = schedule(side, req, [4, 8])
     assert claimed == 20  # header + A; B is missing, so C (registered) is not loaded
@@ -279,7 +279,7 @@ def test_other_tenants_key_is_ignored_and_reported(primed: SchedulerSide) -> Non
     assert report["injected_tokens"] == 0
     assert "own tenant" in report["error"]
     # even bob's shared header is not loaded: the whole request is served as plain
-    assert A in primed.registry
+    assert A in primed.facts.device
 
 
 def test_bob_may_use_the_shared_header_but_not_alices_facts(primed: SchedulerSide) -> None:
@@ -332,20 +332,20 @@ def test_malformed_params_are_served_plain_with_an_error(side: SchedulerSide) ->
 
 
 def test_already_registered_spans_are_not_captured_again(primed: SchedulerSide) -> None:
-    before = dict(primed.registry)
+    before = dict(primed.facts.device)
     prompt, spans = layout((HEADER, HEADER_IDS), (A, A_IDS), (C, C_IDS))
     req = request("again", prompt + QUESTION,
                   RequestParams("alice", LAYOUT, capture=tuple(spans)))
     _, plan = schedule(primed, req, [6, 7])
     assert plan.captures == [CaptureOp("again", [6, 7], [spans[2]])]  # only C is new
     assert primed.finished(req)[PARAMS_KEY]["captured"] == [["alice", "fc"]]
-    assert {k: primed.registry[k] for k in before} == before
+    assert {k: primed.facts.device[k] for k in before} == before
 
 
 def test_recapture_with_other_tokens_replaces_the_registration(primed: SchedulerSide) -> None:
     new_a = [t + 1000 for t in A_IDS[:7]]  # the fact's text changed
     capture_all(primed, "recap", parts=((HEADER, HEADER_IDS), (A, new_a)))
-    assert primed.registry[A].length == 7
+    assert primed.facts.device[A].length == 7
     old = inject_request("old", ((HEADER, HEADER_IDS), (A, A_IDS)))
     assert schedule(primed, old, [1, 2])[0] == 8
     new = inject_request("new", ((HEADER, HEADER_IDS), (A, new_a)))
@@ -357,7 +357,7 @@ def test_eviction_drops_the_entry_and_reaches_the_workers(primed: SchedulerSide)
     claimed, plan = schedule(primed, req, [9])
     assert claimed == 0
     assert plan.evicts == [A, C]  # unknown keys are forwarded too: the pool may hold them
-    assert A not in primed.registry and B in primed.registry
+    assert A not in primed.facts.device and B in primed.facts.device
     assert primed.build_plan([], CachedRequestData.make_empty(), {}).evicts == []
     primed.finished(req)
     inj = inject_request("after", ((HEADER, HEADER_IDS), (A, A_IDS), (B, B_IDS)))
@@ -393,7 +393,7 @@ def test_chunked_capture_emits_spans_once_computed(side: SchedulerSide) -> None:
     assert plan4.captures == [CaptureOp("chunk", [11, 12, 13], [spans[2]])]
     assert continue_step(side, req, 1).captures == []  # decode step: nothing left
     side.finished(req)
-    assert set(side.registry) == {HEADER, A, B}
+    assert set(side.facts.device) == {HEADER, A, B}
 
 
 def test_unfinished_capture_registers_only_emitted_spans(side: SchedulerSide) -> None:
@@ -403,7 +403,7 @@ def test_unfinished_capture_registers_only_emitted_spans(side: SchedulerSide) ->
     assert [s.key for op in plan.captures for s in op.spans] == [HEADER]
     report = side.finished(req)  # aborted after the first chunk
     assert report[PARAMS_KEY]["captured"] == [["", HEADER.name]]
-    assert set(side.registry) == {HEADER}
+    assert set(side.facts.device) == {HEADER}
 
 
 @pytest.mark.parametrize("as_new", [False, True], ids=["resumed-cached", "resumed-new"])
@@ -447,11 +447,11 @@ def test_two_requests_in_one_step(primed: SchedulerSide) -> None:
 
 def test_num_matched_tokens_is_side_effect_free(primed: SchedulerSide) -> None:
     req = inject_request("q", ((HEADER, HEADER_IDS), (A, A_IDS), (B, B_IDS)))
-    before = copy.deepcopy(primed.registry)
+    before = copy.deepcopy(primed.facts.device)
     assert primed.num_matched_tokens(req, 0) == 30
     assert primed.num_matched_tokens(req, 0) == 30
     assert primed.num_matched_tokens(req, 16) == 14
-    assert primed.registry == before
+    assert primed.facts.device == before
     # nothing was planned: no load before update_state_after_alloc
     assert primed.build_plan([], CachedRequestData.make_empty(), {}).is_empty()
     # and nothing is reported for a request that was only asked about
@@ -571,7 +571,7 @@ def test_eviction_during_a_capture_is_not_undone_by_its_finish(
     assert plan.evicts == [C]
     primed.finished(ev)
     primed.finished(cap)
-    assert C not in primed.registry
+    assert C not in primed.facts.device
 
 
 def test_tenant_cannot_capture_the_shared_header_after_its_own_tokens(
@@ -600,7 +600,7 @@ def test_budget_makes_room_by_evicting_least_recently_used_facts() -> None:
     assert sorted(report[PARAMS_KEY]["captured"]) == sorted([[HEADER.ns, HEADER.name],
                                                              [A.ns, A.name]])
     assert "evicted" not in report[PARAMS_KEY]
-    assert set(side.registry) == {HEADER, A} and side.registered_tokens == 20
+    assert set(side.facts.device) == {HEADER, A} and side.facts.device_tokens == 20
 
     # Capturing B makes room in the same step: A (least recently used) is evicted on the
     # workers before B is stored; the header is never evicted.
@@ -611,8 +611,8 @@ def test_budget_makes_room_by_evicting_least_recently_used_facts() -> None:
     assert [span.key for op in plan.captures for span in op.spans] == [B]
     report = side.finished(req)
     assert report is not None and report[PARAMS_KEY]["evicted"] == [[A.ns, A.name]]
-    assert set(side.registry) == {HEADER, B} and side.registered_tokens == 18
-    assert side.evictions == 1
+    assert set(side.facts.device) == {HEADER, B} and side.facts.device_tokens == 18
+    assert side.facts.evictions == 1
 
     # A request naming A is told it is missing (recomputed), B is still injected.
     req = inject_request("r", ((HEADER, HEADER_IDS), (B, B_IDS), (A, A_IDS)))
@@ -630,27 +630,27 @@ def test_injection_refreshes_recency() -> None:
     side.finished(req)  # A is now more recent than B
     report = capture_all(side, "cap2", ((HEADER, HEADER_IDS), (C, C_IDS + [1])))
     assert report is not None and report[PARAMS_KEY]["evicted"] == [[B.ns, B.name]]
-    assert set(side.registry) == {HEADER, A, C}
+    assert set(side.facts.device) == {HEADER, A, C}
 
 
 def test_a_fact_larger_than_the_budget_is_not_captured() -> None:
     side = SchedulerSide(budget_tokens=15)
     report = capture_all(side, parts=((HEADER, HEADER_IDS), (A, A_IDS)))
     assert report is not None and report[PARAMS_KEY]["captured"] == [[HEADER.ns, HEADER.name]]
-    assert set(side.registry) == {HEADER} and side.registered_tokens == 8
+    assert set(side.facts.device) == {HEADER} and side.facts.device_tokens == 8
 
 
 def test_registered_tokens_follow_every_change() -> None:
     side = SchedulerSide(budget_tokens=1000)
     capture_all(side)
-    assert side.registered_tokens == len(HEADER_IDS) + len(A_IDS) + len(B_IDS)
+    assert side.facts.device_tokens == len(HEADER_IDS) + len(A_IDS) + len(B_IDS)
     evict = request("e", QUESTION, RequestParams("alice", LAYOUT, evict=(A,)))
     schedule(side, evict, [1])
     side.finished(evict)
-    assert side.registered_tokens == len(HEADER_IDS) + len(B_IDS)
+    assert side.facts.device_tokens == len(HEADER_IDS) + len(B_IDS)
     capture_all(side, "cap2", ((HEADER, HEADER_IDS), (B, B_IDS[:4])))  # B recaptured shorter
-    assert side.registered_tokens == len(HEADER_IDS) + 4
-    assert side.evictions == 0
+    assert side.facts.device_tokens == len(HEADER_IDS) + 4
+    assert side.facts.evictions == 0
 
 
 # -- a host-memory tier under the device pool ----------------------------------------------
@@ -673,8 +673,8 @@ def test_room_is_made_by_demoting_to_the_host_tier() -> None:
     body = report[PARAMS_KEY]
     assert body["demoted"] == [[A.ns, A.name]] and "evicted" not in body
     assert body["host_tokens"] == len(A_IDS) and body["host_budget_tokens"] == 30
-    assert set(side.registry) == {HEADER, B} and set(side.host) == {A}
-    assert side.demotions == 1 and side.evictions == 0
+    assert set(side.facts.device) == {HEADER, B} and set(side.facts.host) == {A}
+    assert side.facts.demotions == 1 and side.facts.evictions == 0
 
 
 def test_a_demoted_fact_is_promoted_before_its_load_not_recomputed() -> None:
@@ -692,8 +692,8 @@ def test_a_demoted_fact_is_promoted_before_its_load_not_recomputed() -> None:
     assert body[PARAMS_KEY]["missing"] == []
     assert body[PARAMS_KEY]["promoted"] == [[A.ns, A.name]]
     assert body[PARAMS_KEY]["demoted"] == [[B.ns, B.name]]
-    assert set(side.registry) == {HEADER, A} and set(side.host) == {B}
-    assert side.registered_tokens <= 25 and side.host_tokens == len(B_IDS)
+    assert set(side.facts.device) == {HEADER, A} and set(side.facts.host) == {B}
+    assert side.facts.device_tokens <= 25 and side.facts.host_tokens == len(B_IDS)
 
 
 def test_the_host_tier_drops_its_least_recently_used_facts() -> None:
@@ -703,7 +703,7 @@ def test_the_host_tier_drops_its_least_recently_used_facts() -> None:
     assert report is not None
     assert report[PARAMS_KEY]["demoted"] == [[B.ns, B.name]]
     assert report[PARAMS_KEY]["evicted"] == [[A.ns, A.name]]  # made room for B there
-    assert set(side.host) == {B} and set(side.registry) == {HEADER, C}
+    assert set(side.facts.host) == {B} and set(side.facts.device) == {HEADER, C}
     req = inject_request("r", ((HEADER, HEADER_IDS), (A, A_IDS)))
     claimed, _ = schedule(side, req, [1, 2, 3])
     assert claimed == len(HEADER_IDS)  # A is gone from both tiers: recomputed
@@ -716,7 +716,7 @@ def test_a_fact_larger_than_the_host_tier_is_evicted() -> None:
     plan, report = _capture_b_over_a(side)
     assert plan.moves == [(EVICT, A)]
     assert report is not None and report[PARAMS_KEY]["evicted"] == [[A.ns, A.name]]
-    assert not side.host
+    assert not side.facts.host
 
 
 def test_a_fact_loaded_in_the_step_is_never_moved_to_make_room() -> None:
@@ -735,7 +735,7 @@ def test_a_fact_loaded_in_the_step_is_never_moved_to_make_room() -> None:
     assert plan.moves == []  # A stays; C found no room and is not captured
     assert [span.key for op in plan.captures for span in op.spans] == []
     assert [piece[0] for op in plan.loads for piece in op.pieces] == [HEADER, A]
-    assert set(side.registry) == {HEADER, A}
+    assert set(side.facts.device) == {HEADER, A}
     # In a later step, A is fair game again.
     report = capture_all(side, "cap3", ((HEADER, HEADER_IDS), (C, C_IDS)))
     assert report is not None and report[PARAMS_KEY]["demoted"] == [[A.ns, A.name]]
@@ -747,12 +747,12 @@ def test_deleting_or_recapturing_a_demoted_fact_forgets_its_host_copy() -> None:
     evict = request("e", QUESTION, RequestParams("alice", LAYOUT, evict=(A,)))
     _, plan = schedule(side, evict, [1])
     side.finished(evict)
-    assert plan.evicts == [A] and not side.host and side.host_tokens == 0
+    assert plan.evicts == [A] and not side.facts.host and side.facts.host_tokens == 0
     side2 = SchedulerSide(budget_tokens=25, host_budget_tokens=30)
     _capture_b_over_a(side2)
     capture_all(side2, "cap3", ((HEADER, HEADER_IDS), (A, A_IDS[:5])))  # A recaptured
-    assert A in side2.registry and A not in side2.host
-    assert side2.registry[A].length == 5
+    assert A in side2.facts.device and A not in side2.facts.host
+    assert side2.facts.device[A].length == 5
 
 
 # -- a load that failed on a worker -----------------------------------------------------
@@ -769,9 +769,9 @@ def test_a_fact_whose_load_failed_is_forgotten_reported_missing_and_recaptured()
     claimed, plan = schedule(side, req, [7, 8, 9])
     assert claimed == 30 and [p[0] for op in plan.loads for p in op.pieces] == [HEADER, A, B]
     side.load_failed({9})  # positions 32..47: the question only, nothing was loaded there
-    assert set(side.registry) == {HEADER, A, B}
+    assert set(side.facts.device) == {HEADER, A, B}
     side.load_failed({8})  # positions 16..31: the end of A and B
-    assert set(side.registry) == {HEADER}
+    assert set(side.facts.device) == {HEADER}
     evicts = side.build_plan([], CachedRequestData.make_empty(), {}).evicts
     assert set(evicts) == {A, B}  # whatever is left of them on the workers
     body = side.finished(req)
@@ -791,7 +791,7 @@ def test_a_failed_header_load_keeps_the_header() -> None:
     req = inject_request("r", ((HEADER, HEADER_IDS), (A, A_IDS)))
     schedule(side, req, [7, 8])
     side.load_failed({7})  # the header and the start of A
-    assert HEADER in side.registry and A not in side.registry
+    assert HEADER in side.facts.device and A not in side.facts.device
 
 
 def test_a_deleted_fact_loaded_in_the_step_keeps_its_rows_until_the_step_ends() -> None:
@@ -807,7 +807,7 @@ def test_a_deleted_fact_loaded_in_the_step_keeps_its_rows_until_the_step_ends() 
     side.after_alloc(wants_a, [4, 5], side.num_matched_tokens(wants_a, 0))
     plan = side.build_plan([], CachedRequestData.make_empty(), {})
     assert (PROMOTE, A) not in plan.moves  # 8 + 10 (B, until its load) + 12 > 25
-    assert A in side.host and plan.evicts == [B]
+    assert A in side.facts.host and plan.evicts == [B]
     # The next step has B's rows.
     again = inject_request("r3", ((HEADER, HEADER_IDS), (A, A_IDS)))
     _, plan = schedule(side, again, [6, 7])
@@ -823,5 +823,5 @@ def test_a_promotion_that_finds_no_room_keeps_the_host_tier_within_its_budget() 
     # C went to the host to make room for A, which still did not fit beside B (loaded in
     # this step too): A stays on the host, and the host drops C again to stay in budget.
     assert (PROMOTE, A) not in plan.moves
-    assert A in side.host and side.host_tokens <= len(A_IDS)
+    assert A in side.facts.host and side.facts.host_tokens <= len(A_IDS)
     assert plan.moves == [(DEMOTE, C), (EVICT, C)]

@@ -8,7 +8,8 @@ from types import SimpleNamespace
 import torch
 
 from inferscale_memory.connector.params import FactKey, Span
-from inferscale_memory.connector.plan import DEMOTE, CaptureOp, StepPlan
+from inferscale_memory.connector.plan import DEMOTE, EVICT, CaptureOp, StepPlan
+from inferscale_memory.connector.registry import FactRegistry, Registered
 from inferscale_memory.connector.worker import WorkerSide, _Capture
 from inferscale_memory.kv.slab import KVSlab
 
@@ -61,7 +62,7 @@ def test_a_key_captured_twice_in_one_step_keeps_one_copy() -> None:
     assert side._slab.free_rows == 30 - 5  # the first copy's rows were given back
 
 
-C = FactKey("alice", "c")
+C, D = FactKey("alice", "c"), FactKey("alice", "d")
 
 
 def full_host_tier() -> WorkerSide:
@@ -95,3 +96,40 @@ def test_a_recaptured_facts_host_copy_is_given_back_before_the_steps_moves() -> 
     plan = StepPlan(captures=[CaptureOp("r", [0], [Span(A, 0, 10)])], moves=[(DEMOTE, C)])
     side.start_load(plan)  # A is being recaptured; C goes to the host
     assert B in side.host_pool and C in side.host_pool and A not in side.host_pool
+
+
+def test_a_full_slab_leaves_the_new_fact_out_rather_than_choose_a_victim() -> None:
+    # The scheduler side's registry is the one eviction policy: it makes room before a
+    # capture and sends every drop in the step plan. A worker that still finds no room
+    # (it would hold a fact the registry no longer counts) stores nothing; its load fails
+    # later and the scheduler side forgets the fact. It used to drop its own least
+    # recently used fact instead, one that the registry still listed.
+    side = worker(30)
+    capture(side, A, 20, 1.0)
+    capture(side, B, 10, 2.0)
+    capture(side, C, 5, 3.0)  # the plan made no room for C
+    assert A in side.pool and B in side.pool and C not in side.pool
+
+
+def test_a_failed_promotion_leaves_the_host_tier_that_the_registry_describes() -> None:
+    # A promotion that finds no room on the device keeps its fact on the host, but the
+    # registry lent that fact's host rows to the demotions it tried meanwhile, then
+    # dropped the demoted facts again: the worker replays a demotion into a full host
+    # tier. It used to make room by dropping its own least recently used host fact: the
+    # very fact the registry kept there.
+    registry = FactRegistry(budget_tokens=20, host_budget_tokens=10)
+    side = worker(20)
+    side._host = KVSlab(LAYERS, HEADS, DIM, torch.float32, "cpu", capacity=10,
+                        max_capacity=10)
+    for key, tokens in ((A, 10), (B, 8), (C, 2)):
+        registry.register(key, Registered(b"", tokens))
+        capture(side, key, tokens, 1.0)
+    room = registry.reserve(10)  # a capture of D: A goes to the host
+    side.start_load(StepPlan(moves=list(room.moves)))
+    capture(side, D, 10, 2.0)
+    registry.pin([A, B])  # a request loads B and A
+    room = registry.promote(A)
+    assert not room.fits and room.moves == ((DEMOTE, C), (EVICT, C))
+    side.start_load(StepPlan(moves=list(room.moves)))
+    assert registry.is_on_host(A) and A in side.host_pool
+    assert C not in side.host_pool and C not in side.pool

@@ -1,0 +1,295 @@
+"""The fact registry on its own: tiers, budgets, least-recently-used moves, pins.
+
+No engine and no vLLM: the registry is plain bookkeeping, tested like nano-vllm's block
+manager. Budgets are token rows.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from inferscale_memory.connector.params import SHARED_NS, FactKey
+from inferscale_memory.connector.plan import DEMOTE, EVICT, PROMOTE
+from inferscale_memory.connector.registry import FactRegistry, Registered, Room
+
+HEADER = FactKey(SHARED_NS, "header:L1")
+A, B, C, D = (FactKey("alice", name) for name in "abcd")
+
+
+def fact(length: int) -> Registered:
+    return Registered(b"digest", length)
+
+
+def registry(budget: int | None, host: int | None = None,
+             facts: tuple[tuple[FactKey, int], ...] = ()) -> FactRegistry:
+    """A registry holding ``facts`` on the device, the first least recently used."""
+    reg = FactRegistry(budget, host)
+    for key, length in facts:
+        reg.register(key, fact(length))
+    return reg
+
+
+# -- registering and forgetting -----------------------------------------------------------
+
+
+def test_register_and_forget_keep_the_token_count() -> None:
+    reg = registry(None, facts=((A, 5), (B, 7)))
+    assert list(reg.device) == [A, B] and reg.device_tokens == 12
+    reg.register(A, fact(3))  # recaptured shorter: replaced, most recently used
+    assert list(reg.device) == [B, A] and reg.device_tokens == 10
+    reg.forget(B)
+    reg.forget(C)  # unknown: nothing to do
+    assert list(reg.device) == [A] and reg.device_tokens == 3
+    assert reg.get(A) == fact(3) and reg.get(B) is None
+
+
+def test_registering_a_demoted_fact_replaces_its_host_copy() -> None:
+    reg = registry(10, host=20, facts=((A, 6),))
+    reg.reserve(6)  # A goes to the host
+    assert reg.is_on_host(A)
+    reg.register(A, fact(4))
+    assert not reg.is_on_host(A) and reg.host_tokens == 0
+    assert reg.device_tokens == 4
+
+
+def test_forget_drops_both_tiers() -> None:
+    reg = registry(10, host=20, facts=((A, 6), (B, 4)))
+    reg.reserve(6)  # A demoted
+    reg.forget(A)
+    reg.forget(B)
+    assert not reg.device and not reg.host
+    assert reg.device_tokens == 0 and reg.host_tokens == 0
+
+
+def test_get_leaves_recency_alone_and_touch_refreshes_it() -> None:
+    reg = registry(None, facts=((A, 1), (B, 1), (C, 1)))
+    reg.get(A)
+    assert list(reg.device) == [A, B, C]
+    reg.touch(A)
+    reg.touch(D)  # not registered: nothing to do
+    assert list(reg.device) == [B, C, A]
+
+
+# -- making room on the device -------------------------------------------------------------
+
+
+def test_room_is_made_by_evicting_least_recently_used_facts() -> None:
+    reg = registry(20, facts=((A, 8), (B, 8), (C, 4)))
+    reg.touch(A)  # B is now the least recently used
+    room = reg.reserve(8)
+    assert room == Room(True, ((EVICT, B),))
+    assert list(reg.device) == [C, A] and reg.device_tokens == 12
+    assert reg.evictions == 1
+
+
+def test_evictions_stop_as_soon_as_the_tokens_fit() -> None:
+    reg = registry(20, facts=((A, 5), (B, 5), (C, 5), (D, 5)))
+    assert reg.reserve(9).moves == ((EVICT, A), (EVICT, B))
+    assert list(reg.device) == [C, D]
+
+
+def test_without_a_budget_everything_fits_and_nothing_moves() -> None:
+    reg = registry(None, facts=((A, 1000),))
+    assert reg.reserve(10**6) == Room(True)
+    assert list(reg.device) == [A]
+
+
+def test_reserved_captures_count_until_released() -> None:
+    reg = registry(20)
+    assert reg.reserve(12).fits
+    assert not reg.reserve(12).fits  # 12 in flight + 12 > 20, and nothing to evict
+    reg.release(12)
+    reg.register(A, fact(12))  # the capture's request finished
+    assert reg.reserve(12).moves == ((EVICT, A),)
+
+
+def test_the_shared_header_is_never_moved() -> None:
+    reg = registry(20, host=100, facts=((HEADER, 8), (A, 8)))
+    room = reg.reserve(12)
+    assert room == Room(True, ((DEMOTE, A),))
+    assert list(reg.device) == [HEADER]
+    reg.release(12)
+    assert not reg.reserve(13).fits
+    assert list(reg.device) == [HEADER]
+
+
+def test_pinned_facts_stay_until_the_step_ends() -> None:
+    reg = registry(20, facts=((A, 8), (B, 8)))
+    reg.pin([A])
+    assert reg.reserve(8).moves == ((EVICT, B),)  # A is older, but a load reads it
+    reg.release(8)
+    reg.pin([A])
+    assert reg.reserve(16) == Room(False)  # only A is left, and it is pinned
+    reg.end_step()
+    assert reg.reserve(16) == Room(True, ((EVICT, A),))
+
+
+def test_room_that_cannot_be_made_reserves_nothing() -> None:
+    reg = registry(20, facts=((HEADER, 8),))
+    room = reg.reserve(13)
+    assert room == Room(False)
+    assert reg.reserve(12).fits  # nothing of the refused 13 was counted
+
+
+def test_moves_made_before_a_refusal_stay_made() -> None:
+    # The victims left the device: the workers must replay those moves all the same.
+    reg = registry(20, facts=((HEADER, 8), (A, 4)))
+    room = reg.reserve(13)
+    assert room == Room(False, ((EVICT, A),))
+    assert list(reg.device) == [HEADER] and reg.device_tokens == 8
+
+
+def test_a_deleted_fact_read_in_the_step_keeps_its_tokens_until_the_step_ends() -> None:
+    # The workers drop it after the step's loads, but replay the moves before them.
+    reg = registry(20, facts=((A, 10), (B, 10)))
+    reg.pin([A])
+    reg.delete(A)
+    assert reg.get(A) is None and reg.device_tokens == 10
+    assert reg.reserve(10).moves == ((EVICT, B),)  # A's 10 rows are still taken
+    reg.release(10)
+    reg.end_step()
+    assert reg.reserve(10) == Room(True)
+
+
+def test_a_deleted_fact_no_load_reads_frees_its_tokens_at_once() -> None:
+    reg = registry(20, facts=((A, 10), (B, 10)))
+    reg.delete(A)
+    assert reg.reserve(10) == Room(True)
+
+
+# -- the host tier -------------------------------------------------------------------------
+
+
+def test_room_is_made_by_demoting_to_the_host_tier() -> None:
+    reg = registry(20, host=30, facts=((A, 10), (B, 10)))
+    assert reg.reserve(10).moves == ((DEMOTE, A),)
+    assert list(reg.device) == [B] and list(reg.host) == [A]
+    assert reg.device_tokens == 10 and reg.host_tokens == 10
+    assert reg.get(A) == fact(10)  # still registered: requests may claim it
+    assert reg.demotions == 1 and reg.evictions == 0
+
+
+def test_the_host_tier_drops_its_least_recently_used_facts() -> None:
+    reg = registry(10, host=10, facts=((A, 6),))
+    reg.reserve(10)  # A demoted
+    reg.release(10)
+    reg.register(B, fact(6))
+    assert reg.reserve(10).moves == ((EVICT, A), (DEMOTE, B))
+    assert list(reg.host) == [B] and reg.host_tokens == 6
+    assert reg.get(A) is None and reg.evictions == 1
+
+
+def test_a_fact_larger_than_the_host_tier_is_evicted() -> None:
+    reg = registry(10, host=5, facts=((A, 6),))
+    assert reg.reserve(10).moves == ((EVICT, A),)
+    assert not reg.host
+
+
+def test_promotion_brings_a_fact_back_and_demotes_another() -> None:
+    reg = registry(20, host=30, facts=((A, 10), (B, 10)))
+    reg.reserve(10)  # A demoted; a capture of 10 is in flight
+    reg.pin([A])
+    room = reg.promote(A)
+    assert room == Room(True, ((DEMOTE, B), (PROMOTE, A)))
+    assert list(reg.device) == [A] and list(reg.host) == [B]
+    assert reg.device_tokens == 10 and reg.host_tokens == 10
+    assert reg.promotions == 1
+
+
+def test_a_promotion_that_finds_no_room_stays_on_the_host_within_its_budget() -> None:
+    reg = registry(20, host=10, facts=((A, 10), (B, 8), (C, 2)))
+    reg.reserve(10)  # A demoted (the host tier is full); a capture of 10 is in flight
+    reg.pin([A, B])
+    room = reg.promote(A)  # C is demoted for it, but B (pinned) leaves too little room
+    assert not room.fits
+    assert room.moves == ((DEMOTE, C), (EVICT, C))  # the host tier drops C, not A
+    assert list(reg.host) == [A] and reg.host_tokens == 10
+    assert list(reg.device) == [B] and reg.promotions == 0
+
+
+def test_host_facts_are_never_victims_of_device_room() -> None:
+    reg = registry(10, host=30, facts=((A, 10),))
+    reg.reserve(10)  # A demoted
+    assert reg.reserve(1) == Room(False)  # the 10 reserved fill the device
+    assert list(reg.host) == [A]
+
+
+# -- impossible requests -------------------------------------------------------------------
+
+
+def test_promoting_a_fact_not_on_the_host_tier_is_an_error() -> None:
+    reg = registry(20, host=20, facts=((A, 5),))
+    with pytest.raises(KeyError, match="not on the host tier"):
+        reg.promote(A)
+    with pytest.raises(KeyError, match="not on the host tier"):
+        reg.promote(B)
+    assert list(reg.device) == [A] and reg.device_tokens == 5
+
+
+def test_reserving_or_releasing_impossible_amounts_is_an_error() -> None:
+    reg = registry(20)
+    with pytest.raises(ValueError, match="reserve"):
+        reg.reserve(-1)
+    reg.reserve(5)
+    with pytest.raises(ValueError, match="5 reserved"):
+        reg.release(6)
+    with pytest.raises(ValueError, match="release"):
+        reg.release(-1)
+    reg.release(5)
+
+
+# -- invariants under any sequence of changes -----------------------------------------------
+
+KEYS = [HEADER, A, B, C, D]
+OPS = st.lists(st.tuples(st.sampled_from(["register", "forget", "delete", "touch", "pin",
+                                          "reserve", "release", "promote", "end_step"]),
+                         st.sampled_from(KEYS), st.integers(1, 12)), max_size=40)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ops=OPS, budget=st.integers(8, 30), host=st.one_of(st.none(), st.integers(1, 30)))
+def test_tiers_stay_within_their_budgets_and_counts_add_up(
+        ops: list[tuple[str, FactKey, int]], budget: int, host: int | None) -> None:
+    reg = FactRegistry(budget, host)
+    reserved = 0
+    pinned: set[FactKey] = set()
+    for op, key, length in ops:
+        pinned_on_device = pinned & set(reg.device)
+        if op == "register" and length <= budget - reg.device_tokens - reserved:
+            reg.register(key, fact(length))  # a capture that fitted, as the scheduler's do
+        elif op == "reserve":
+            reserved += length if reg.reserve(length).fits else 0
+        elif op == "release":
+            reg.release(min(length, reserved))
+            reserved -= min(length, reserved)
+        elif op == "promote" and reg.is_on_host(key):
+            reg.promote(key)
+        elif op in ("forget", "delete", "touch"):
+            getattr(reg, op)(key)
+        elif op == "pin":
+            reg.pin([key])
+            pinned.add(key)
+        elif op == "end_step":
+            reg.end_step()
+            pinned.clear()
+        if op not in ("forget", "delete", "register"):
+            assert pinned_on_device <= set(reg.device)  # no move took a pinned fact away
+        assert reg.device_tokens == sum(e.length for e in reg.device.values())
+        assert reg.host_tokens == sum(e.length for e in reg.host.values())
+        assert reg.device_tokens + reserved <= budget
+        assert reg.host_tokens <= (host or 0)
+        assert not set(reg.device) & set(reg.host)
+        assert HEADER not in reg.host
+
+
+def test_the_registry_imports_neither_vllm_nor_torch() -> None:
+    code = ("import sys, inferscale_memory.connector.registry; "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'vllm', 'torch'}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip() == "[]"
