@@ -189,6 +189,11 @@ class VllmRuntime:
         return int(self._llm.vllm_config.cache_config.block_size)
 
     @property
+    def kv_cache_blocks(self) -> int:
+        """KV blocks vLLM allocated for the engine (its CPU engine: ``kv_cache_gb`` of them)."""
+        return int(self._llm.vllm_config.cache_config.num_gpu_blocks or 0)
+
+    @property
     def loop(self) -> asyncio.AbstractEventLoop:
         return self._loop
 
