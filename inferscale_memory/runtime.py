@@ -13,7 +13,6 @@ import atexit
 import contextlib
 import itertools
 import logging
-import os
 import threading
 import time
 import weakref
@@ -95,18 +94,14 @@ class VllmRuntime:
         logger.info("vLLM ready in %.1f s", self.start_s)
 
     async def _start(self) -> Any:
-        from vllm.engine.arg_utils import AsyncEngineArgs
-        from vllm.v1.engine.async_llm import AsyncLLM
-
         from inferscale_memory.connector import kv_transfer_config
-        from inferscale_memory.connector.compat import check_vllm_version
+        from inferscale_memory.connector.compat import (
+            check_vllm_version,
+            start_async_llm,
+            start_environment,
+        )
 
         check_vllm_version()
-        # Set for every engine: vLLM's CPU workers read it when they start.
-        os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(self.config.kv_cache_gb)
-        if _cuda_initialized():
-            # A forked engine process cannot use CUDA once this process touched it.
-            os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
         args = dict(
             model=str(self.model_path),
             max_model_len=self.max_model_len,  # None: the model's own context
@@ -122,7 +117,7 @@ class VllmRuntime:
         )
         args.update(self.config.engine_args)
         lifeline.mark_owner()  # vLLM's processes end with this one (inferscale_memory.lifeline)
-        return AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
+        return start_async_llm(args, start_environment(self.config.kv_cache_gb))
 
     # -- running coroutines --------------------------------------------------------------
 
@@ -194,6 +189,11 @@ class VllmRuntime:
         return int(self._llm.vllm_config.cache_config.block_size)
 
     @property
+    def kv_cache_blocks(self) -> int:
+        """KV blocks vLLM allocated for the engine (its CPU engine: ``kv_cache_gb`` of them)."""
+        return int(self._llm.vllm_config.cache_config.num_gpu_blocks or 0)
+
+    @property
     def loop(self) -> asyncio.AbstractEventLoop:
         return self._loop
 
@@ -211,14 +211,13 @@ class VllmRuntime:
         ``sampling_options``: ``top_p``, ``top_k``, ``presence_penalty``,
         ``frequency_penalty`` (checked by :func:`~inferscale_memory.options.check_options`).
         """
-        from vllm import SamplingParams
-        from vllm.sampling_params import RequestOutputKind
+        from inferscale_memory.connector.compat import delta_sampling_params
 
         extra = {"kv_transfer_params": params.to_dict()} if params is not None else None
-        sampling = SamplingParams(max_tokens=max_tokens, temperature=temperature, stop=stop,
-                                  logprobs=logprobs, seed=seed, extra_args=extra,
-                                  ignore_eos=ignore_eos, detokenize=self.detokenize,
-                                  output_kind=RequestOutputKind.DELTA, **sampling_options)
+        sampling = delta_sampling_params(max_tokens=max_tokens, temperature=temperature,
+                                         stop=stop, logprobs=logprobs, seed=seed,
+                                         extra_args=extra, ignore_eos=ignore_eos,
+                                         detokenize=self.detokenize, **sampling_options)
         prompt: dict[str, Any] = {"prompt_token_ids": list(token_ids),
                                   "cache_salt": request_salt(tenant, params)}
         done = Completion(logprobs=[] if logprobs else None)
@@ -359,8 +358,3 @@ def request_salt(tenant: str | None, params: RequestParams | None) -> str:
         return cache_salt(params.tenant, params.layout)
     return cache_salt(params.tenant, f"capture:{params.layout}")
 
-
-def _cuda_initialized() -> bool:
-    import torch
-
-    return bool(torch.cuda.is_initialized())

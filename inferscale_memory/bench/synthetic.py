@@ -2,7 +2,8 @@
 
 No tokenizer and no weights are needed (``load_format="dummy"`` computes like real weights,
 so timings are real), which is how GPU-sized models are measured on machines without a
-model hub. The layout is the one the library uses: ``header | facts | question``.
+model hub. The layout is the one the library uses: ``header | facts | question``, built by
+the library's token-level API (:mod:`inferscale_memory.tokens`).
 """
 
 from __future__ import annotations
@@ -15,15 +16,14 @@ import random
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from inferscale_memory.config import MemoryConfig
-from inferscale_memory.connector.params import FactKey, RequestParams, Span
 from inferscale_memory.connector.worker import TIMING_ENV
 from inferscale_memory.layout import tail_size
 from inferscale_memory.runtime import Completion, VllmRuntime
+from inferscale_memory.tokens import TokenFacts, TokenRequest
 
 TENANT = "bench"
 LAYOUT = "synthetic"
@@ -105,12 +105,6 @@ def dummy_runtime(folder: Path, **config: Any) -> VllmRuntime:
                                             **config))
 
 
-@dataclass
-class Prompt:
-    token_ids: list[int]
-    inject: RequestParams
-
-
 class SyntheticWorkload:
     """Random header, facts and questions of fixed lengths, captured into one runtime."""
 
@@ -122,6 +116,7 @@ class SyntheticWorkload:
         self._rng = random.Random(seed)
         self._vocab = vocab
         self.header = self._ids(header_len)
+        self.tokens = TokenFacts(TENANT, self.header, layout=LAYOUT)
         self.fact_len, self.question_len = fact_len, question_len
         self.facts: list[list[int]] = []
 
@@ -138,25 +133,18 @@ class SyntheticWorkload:
         return time.perf_counter() - start
 
     async def _capture_one(self, index: int) -> None:
-        h = len(self.header)
-        params = RequestParams(TENANT, LAYOUT, capture=(
-            Span(FactKey("", "header:synthetic"), 0, h),
-            Span(FactKey(TENANT, str(index)), h, h + self.fact_len)))
-        await self.runtime.control(self.header + self.facts[index], params)
+        request = self.tokens.capture(str(index), self.facts[index])
+        await self.runtime.control(request.token_ids, request.params)
 
-    def prompt(self, fact_indices: list[int], question: list[int] | None = None) -> Prompt:
+    def prompt(self, fact_indices: list[int], question: list[int] | None = None
+               ) -> TokenRequest:
         """The facts after the header; the KV path injects all but the tail of the
         quality policy (``tail_size``), which vLLM computes."""
-        ids = list(self.header)
-        spans = [Span(FactKey("", "header:synthetic"), 0, len(ids))]
         # Facts are captured right after the header here.
         injected = len(fact_indices) - tail_size(len(fact_indices), self.recompute_tail, True)
-        for n, i in enumerate(fact_indices):
-            if n < injected:
-                spans.append(Span(FactKey(TENANT, str(i)), len(ids), len(ids) + self.fact_len))
-            ids.extend(self.facts[i])
-        ids.extend(question if question is not None else self._ids(self.question_len))
-        return Prompt(ids, RequestParams(TENANT, LAYOUT, inject=tuple(spans)))
+        return self.tokens.prompt([(str(i), self.facts[i]) for i in fact_indices],
+                                  question if question is not None
+                                  else self._ids(self.question_len), inject=injected)
 
     def sample(self, k: int) -> list[int]:
         return self._rng.sample(range(len(self.facts)), k)
@@ -164,9 +152,9 @@ class SyntheticWorkload:
     def shuffle(self, items: list[Any]) -> None:
         self._rng.shuffle(items)
 
-    async def run(self, prompt: Prompt, mode: str, max_tokens: int = 1,
+    async def run(self, prompt: TokenRequest, mode: str, max_tokens: int = 1,
                   **kwargs: Any) -> Completion:
-        params = prompt.inject if mode == "kv" else None
+        params = prompt.params if mode == "kv" else None
         return await self.runtime.complete(prompt.token_ids, max_tokens=max_tokens,
                                            params=params, tenant=TENANT, **kwargs)
 

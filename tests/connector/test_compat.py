@@ -1,0 +1,55 @@
+"""The environment an engine starts with: set for its start only, from its own config."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from inferscale_memory.bench.synthetic import write_dummy_model
+from inferscale_memory.connector.compat import engine_environment, start_environment
+
+KV_SPACE = "VLLM_CPU_KVCACHE_SPACE"
+
+
+def test_engine_environment_is_set_for_the_block_and_restored(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(KV_SPACE, raising=False)
+    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "forkserver")
+    with engine_environment({KV_SPACE: "3", "VLLM_WORKER_MULTIPROC_METHOD": "spawn"}):
+        assert os.environ[KV_SPACE] == "3"
+        assert os.environ["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn"
+    assert KV_SPACE not in os.environ  # absent before: absent again
+    assert os.environ["VLLM_WORKER_MULTIPROC_METHOD"] == "forkserver"
+    with pytest.raises(RuntimeError), engine_environment({KV_SPACE: "5"}):
+        raise RuntimeError("vLLM failed to start")
+    assert KV_SPACE not in os.environ
+
+
+def test_start_environment_names_the_engines_kv_space_and_keeps_the_users_method(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "fork")
+    assert start_environment(4) == {KV_SPACE: "4"}
+
+
+def test_vllm_reads_the_kv_space_each_time_it_builds_an_engine_config(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Why the space is set per start (and not refused for a second engine): vllm-cpu
+    reads the variable whenever it builds an engine's config, in this process, and the
+    engine processes get the config. Should a vLLM read it once per process, this fails."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        pytest.skip("the variable sizes the CPU engine's KV cache only")
+    monkeypatch.delenv(KV_SPACE, raising=False)
+    folder = write_dummy_model(tmp_path / "model", "llama-tiny")
+    sizes = []
+    for gib in (1, 2):
+        args = AsyncEngineArgs(model=str(folder), load_format="dummy",
+                               skip_tokenizer_init=True, max_model_len=256)
+        with engine_environment({KV_SPACE: str(gib)}):
+            config = args.create_engine_config()
+        sizes.append(config.cache_config.kv_cache_memory_bytes)
+    assert sizes == [1 << 30, 2 << 30]

@@ -1,0 +1,193 @@
+"""The package's import graph: vLLM behind one door, no import cycles.
+
+Read from the source with ``ast`` (nothing is imported), over every module of
+``inferscale_memory`` and of the framework adapters' packages (``adapters/*/<package>``).
+
+- The door: only ``inferscale_memory.connector`` (its ``compat`` module holds the version
+  differences) may import ``vllm``. Every import counts here, a function's lazy one
+  included, and so does ``importlib.import_module("vllm...")``.
+- Cycles: module A imports module B when A's module-level code does: its body and the
+  bodies of ``if``/``try``/``with`` blocks and classes in it, ``if TYPE_CHECKING:`` blocks
+  included (a cycle of types is a cycle of design: ``memory.py`` once type-hinted the
+  ``MemoryEngine`` that imported it, and reached into it), but not functions: a lazy
+  import is how an optional dependency is loaded on demand (``store.index`` picks the
+  Qdrant backend that way). ``import a.b`` and ``from a import b`` import the module
+  ``a.b``; ``from a import name`` of a name that is no module imports ``a``. Importing
+  ``a.b`` also runs the package ``a``'s ``__init__`` first; that edge is not counted: a
+  package's ``__init__`` that imports its own submodules is how packages are built.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DOOR = "inferscale_memory.connector"
+
+
+def package_modules(root: Path) -> dict[str, Path]:
+    """Every module of the packages under ``root`` and of the adapters, by dotted name."""
+    roots = [root / "inferscale_memory"]
+    roots += [p.parent for p in sorted((root / "adapters").glob("*/*/__init__.py"))
+              if p.parent.name != "tests"]
+    modules = {}
+    for package in roots:
+        for path in sorted(package.rglob("*.py")):
+            parts = path.relative_to(package.parent).with_suffix("").parts
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            modules[".".join(parts)] = path
+    return modules
+
+
+def _absolute(module: str, path: Path, node: ast.ImportFrom) -> str:
+    """The absolute name of a ``from ... import`` (relative ones resolved)."""
+    if not node.level:
+        return node.module or ""
+    package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+    base = package[:len(package) - node.level + 1]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def imported_names(module: str, path: Path,
+                   nodes: list[ast.stmt] | ast.AST) -> Iterator[tuple[str, str]]:
+    """What ``nodes`` import: (the name if it is a module, else the module it is in)
+    pairs; ``from a import b`` gives ``("a.b", "a")``, ``import a.b`` ``("a.b", "a.b")``."""
+    walk = (n for node in nodes for n in ast.walk(node)) if isinstance(nodes, list) \
+        else ast.walk(nodes)
+    for node in walk:
+        if isinstance(node, ast.Import):
+            yield from ((alias.name, alias.name) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = _absolute(module, path, node)
+            yield from ((f"{base}.{alias.name}", base) for alias in node.names)
+        elif (isinstance(node, ast.Call) and node.args
+              and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)
+              and ast.unparse(node.func) in ("importlib.import_module", "import_module",
+                                             "__import__")):
+            yield node.args[0].value, node.args[0].value
+
+
+def module_level(body: list[ast.stmt]) -> Iterator[ast.stmt]:
+    """The statements at module level (see the module docstring): all but functions."""
+    for node in body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        if isinstance(node, ast.If | ast.For | ast.While | ast.With | ast.Try | ast.ClassDef):
+            for field in ("body", "orelse", "finalbody"):
+                yield from module_level(getattr(node, field, []))
+            for handler in getattr(node, "handlers", []):
+                yield from module_level(handler.body)
+        else:
+            yield node
+
+
+def vllm_imports(modules: dict[str, Path]) -> dict[str, list[str]]:
+    """Modules outside the door that import vLLM, with what they import."""
+    found = {}
+    for name, path in modules.items():
+        if name == DOOR or name.startswith(DOOR + "."):
+            continue
+        tree = ast.parse(path.read_text(), str(path))
+        hits = sorted({base for _, base in imported_names(name, path, tree)
+                       if base == "vllm" or base.startswith("vllm.")})
+        if hits:
+            found[name] = hits
+    return found
+
+
+def import_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
+    """Module-level imports between the given modules."""
+    graph = {}
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text(), str(path))
+        pairs = imported_names(name, path, list(module_level(tree.body)))
+        targets = {full if full in modules else base for full, base in pairs}
+        graph[name] = {n for n in targets if n in modules and n != name}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for target in sorted(graph[node]):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return sorted(found)
+
+
+def describe(cycle: list[str], graph: dict[str, set[str]]) -> str:
+    members = set(cycle)
+    return "; ".join(f"{m} -> {', '.join(sorted(graph[m] & members))}" for m in cycle)
+
+
+def test_only_the_connector_package_imports_vllm() -> None:
+    modules = package_modules(ROOT)
+    assert "inferscale_memory.runtime" in modules and "inferscale_memory.server.app" in modules
+    assert any(name.startswith("langchain_inferscale") for name in modules)
+    assert vllm_imports(modules) == {}, f"vLLM imported outside {DOOR}"
+
+
+def test_no_import_cycle_between_the_package_modules() -> None:
+    graph = import_graph(package_modules(ROOT))
+    assert "inferscale_memory.runtime" in graph["inferscale_memory.engine"]  # edges are seen
+    found = cycles(graph)
+    assert not found, "import cycles: " + " | ".join(describe(c, graph) for c in found)
+
+
+def test_the_checks_find_what_they_look_for(tmp_path: Path) -> None:
+    """A made-up package with a vLLM import outside the door, a lazy one, cycles of module
+    level imports (one through a package, one under TYPE_CHECKING) and an import that is
+    no edge (in a function)."""
+    package = tmp_path / "inferscale_memory"
+    (package / "connector").mkdir(parents=True)
+    files = {
+        "__init__.py": "from inferscale_memory.a import A\nfrom inferscale_memory.g import G\n",
+        "a.py": "from . import b\nA = 1\n",
+        "b.py": "import inferscale_memory.c\n",
+        "c.py": "try:\n    from inferscale_memory.a import A\nexcept ImportError:\n    pass\n",
+        "d.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                "    from inferscale_memory.e import f\nimport inferscale_memory.h\n",
+        "e.py": "def f():\n    from inferscale_memory import d\n    import vllm.config\n",
+        "h.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                "    from inferscale_memory.d import D\n",
+        "f.py": "import importlib\nX = importlib.import_module('vllm.v1')\n",
+        "g.py": "from inferscale_memory import A\nG = A\n",
+        "connector/__init__.py": "import vllm\n",
+    }
+    for name, text in files.items():
+        (package / name).write_text(text)
+    (tmp_path / "adapters").mkdir()
+    modules = package_modules(tmp_path)
+    assert vllm_imports(modules) == {"inferscale_memory.e": ["vllm.config"],
+                                     "inferscale_memory.f": ["vllm.v1"]}
+    graph = import_graph(modules)
+    assert cycles(graph) == [["inferscale_memory", "inferscale_memory.g"],
+                             ["inferscale_memory.a", "inferscale_memory.b", "inferscale_memory.c"],
+                             ["inferscale_memory.d", "inferscale_memory.h"]]
+    assert graph["inferscale_memory.e"] == set()  # its imports are in a function

@@ -1,0 +1,65 @@
+"""The token-level API: requests in the library's layout that the connector accepts."""
+
+from __future__ import annotations
+
+import doctest
+
+import pytest
+
+import inferscale_memory.tokens
+from inferscale_memory.connector.params import parse_params
+from inferscale_memory.errors import InvalidInputError
+from inferscale_memory.tokens import TokenFacts
+
+HEADER = [1, 2, 3, 4]
+
+
+def test_the_docstring_example_runs() -> None:
+    assert doctest.testmod(inferscale_memory.tokens).failed == 0
+
+
+def test_a_capture_keeps_the_header_and_the_fact_where_they_are() -> None:
+    request = TokenFacts("alice", HEADER, layout="mine").capture("f0", [9, 8, 7])
+    assert request.token_ids == HEADER + [9, 8, 7]
+    params = request.params
+    # as the connector reads it
+    assert parse_params(params.to_dict(), len(request.token_ids)) == params
+    assert params.tenant == "alice" and params.layout == "mine" and not params.inject
+    header, fact = params.capture
+    assert (header.key.ns, header.start, header.end) == ("", 0, 4)
+    assert (fact.key.ns, fact.key.name) == ("alice", "f0")
+    assert request.token_ids[fact.start:fact.end] == [9, 8, 7]
+
+
+def test_a_prompt_names_the_header_and_the_first_facts_for_injection() -> None:
+    facts = TokenFacts("alice", HEADER)
+    request = facts.prompt([("a", [5, 5]), ("b", [6, 6, 6]), ("c", [7])], [0, 0], inject=2)
+    assert request.token_ids == HEADER + [5, 5, 6, 6, 6, 7, 0, 0]
+    assert parse_params(request.params.to_dict(), len(request.token_ids)) == request.params
+    spans = request.params.inject
+    assert [s.key.name for s in spans] == ["header:tokens", "a", "b"]  # c is computed
+    assert [request.token_ids[s.start:s.end] for s in spans[1:]] == [[5, 5], [6, 6, 6]]
+    assert request.injected_tokens == 4 + 2 + 3
+    assert facts.prompt([("a", [5, 5])], []).injected_tokens == 6  # default: every fact
+    assert facts.prompt([("a", [5, 5])], [1], inject=0).injected_tokens == 4  # header only
+
+
+@pytest.mark.parametrize("call", [
+    lambda f: f.capture("", [1]),
+    lambda f: f.capture("f", []),
+    lambda f: f.capture("f", [1, -2]),
+    lambda f: f.capture("f", [1, True]),
+    lambda f: f.prompt([("a", [1])], [2], inject=2),
+    lambda f: f.prompt([("a", [1])], [2], inject=-1),
+    lambda f: f.prompt([("a", [1])], ["x"]),
+])
+def test_bad_input_is_refused_with_a_typed_error(call) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(InvalidInputError):
+        call(TokenFacts("alice", HEADER))
+
+
+def test_a_tenant_and_a_header_are_required() -> None:
+    with pytest.raises(InvalidInputError):
+        TokenFacts("", HEADER)
+    with pytest.raises(InvalidInputError):
+        TokenFacts("alice", [])
