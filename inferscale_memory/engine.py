@@ -20,7 +20,12 @@ from typing import Any
 
 from inferscale_memory.config import FACT_ORDERS, MemoryConfig
 from inferscale_memory.connector.params import FactKey, RequestParams, Span
-from inferscale_memory.errors import ContextLengthError, EngineClosedError, InvalidInputError
+from inferscale_memory.errors import (
+    ContextLengthError,
+    EngineClosedError,
+    InvalidInputError,
+    UnknownUserError,
+)
 from inferscale_memory.fact_kv import FactKV
 from inferscale_memory.layout import (
     PromptBuilder,
@@ -100,7 +105,8 @@ class MemoryEngine:
         Args:
             messages: OpenAI-style ``[{"role": ..., "content": ...}]``; the last one is the
                 user's question, which is also the retrieval query.
-            user_id: Whose facts to use; ``None`` answers without memory.
+            user_id: Whose facts to use; ``None`` answers without memory, and so does a
+                user with no facts yet (``metrics.memory_used`` is ``False``).
             k: Facts to retrieve (default ``config.k``).
             mode: ``"kv"`` injects the facts' KV; ``"text"`` sends the identical token ids
                 and lets vLLM prefill them (for A/B and as the fallback).
@@ -273,8 +279,11 @@ class MemoryEngine:
         if user_id is None:
             return []
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(
-            None, lambda: self.store.search(query, user_id=user_id, k=k))
+        try:
+            return await loop.run_in_executor(
+                None, lambda: self.store.search(query, user_id=user_id, k=k))
+        except UnknownUserError:  # no facts yet: answered without memory, as with none left
+            return []
 
     @staticmethod
     def _own_facts(facts: Sequence[Fact | ScoredFact], user_id: str | None) -> list[ScoredFact]:
@@ -298,8 +307,9 @@ class MemoryEngine:
 
         The connector injects a contiguous run of spans from position 0; vLLM computes
         the rest of the prompt, so the unnamed tail facts attend to all facts before them.
+        Without facts the prompt is the plain conversation: nothing to inject.
         """
-        if user_id is None:
+        if user_id is None or not layout.fact_spans:
             return None
         named = layout.fact_spans[:max(0, len(layout.fact_spans) - recompute_tail)]
         spans = [Span(FactKey("", self.builder.header_name), 0, layout.header_end)]
@@ -329,6 +339,7 @@ class MemoryEngine:
             fact_ids=fact_ids,
             recomputed_fact_ids=[fid for fid in fact_ids if fid in missing],
             injected_fact_ids=[fid for fid in named if fid not in missing],
+            memory_used=bool(fact_ids),
         )
         if named:  # facts named for injection: hits, or misses that vLLM computed
             recomputed = len(metrics.recomputed_fact_ids)

@@ -4,7 +4,8 @@ A framework object either gets a :class:`~inferscale_memory.MemoryEngine` or sha
 default engine per model in the process (:func:`default_engine`). The engine runs on a
 private event loop; its async API (``achat``, ``astream_chat``, ``memory.aadd``, ...) can
 be awaited from any loop, and :func:`on_engine` carries any other coroutine of the engine
-across.
+across. A user with no facts yet needs nothing here: the engine answers them without
+memory (``metrics.memory_used`` is ``False``).
 """
 
 from __future__ import annotations
@@ -13,12 +14,11 @@ import asyncio
 import atexit
 import logging
 import threading
-from collections.abc import AsyncIterator, Coroutine, Iterator
+from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 from inferscale_memory.engine import MemoryEngine
-from inferscale_memory.errors import UnknownUserError
-from inferscale_memory.results import ChatChunk, ChatResult
+from inferscale_memory.results import ChatResult
 
 T = TypeVar("T")
 logger = logging.getLogger(__name__)
@@ -47,59 +47,16 @@ async def on_engine(engine: MemoryEngine, coro: Coroutine[Any, Any, T]) -> T:
     return await engine.runtime.call(coro)
 
 
-# -- answers for users who may have no memory yet ------------------------------------------
-# Frameworks create a chat model for a user before the user has any fact; such a user is
-# answered without memory instead of failing (``request``: keyword arguments of
-# :meth:`MemoryEngine.achat`, ``messages`` included).
+async def achat_within(engine: MemoryEngine, request: dict[str, Any],
+                      timeout: float | None) -> ChatResult:
+    """:meth:`MemoryEngine.achat` from any loop (``request``: its keyword arguments,
+    ``messages`` included), cancelled after ``timeout`` seconds (vLLM aborts it)."""
 
-
-async def achat_or_plain(engine: MemoryEngine, request: dict[str, Any],
-                         timeout: float | None = None) -> ChatResult:
-    """:meth:`MemoryEngine.achat` from any loop, within ``timeout`` seconds; a user without
-    facts yet gets none."""
-
-    async def answer(options: dict[str, Any]) -> ChatResult:
+    async def answer() -> ChatResult:
         try:
-            return await asyncio.wait_for(engine.achat(**options), timeout)
+            return await asyncio.wait_for(engine.achat(**request), timeout)
         except TimeoutError:
             raise TimeoutError(f"no answer within {timeout} s (the model's timeout); the "
                                "request was cancelled") from None
 
-    try:
-        return await on_engine(engine, answer(request))
-    except UnknownUserError:
-        return await on_engine(engine, answer(_without_memory(request)))
-
-
-def stream_or_plain(engine: MemoryEngine, request: dict[str, Any]) -> Iterator[ChatChunk]:
-    """:meth:`MemoryEngine.stream_chat`; a user without facts yet (known before the first
-    chunk) gets none."""
-    started = False
-    try:
-        for piece in engine.stream_chat(**request):
-            started = True
-            yield piece
-    except UnknownUserError:
-        if started:
-            raise
-        yield from engine.stream_chat(**_without_memory(request))
-
-
-async def astream_or_plain(engine: MemoryEngine,
-                           request: dict[str, Any]) -> AsyncIterator[ChatChunk]:
-    """:func:`stream_or_plain` for async callers on any loop."""
-    started = False
-    try:
-        async for piece in engine.astream_chat(**request):
-            started = True
-            yield piece
-    except UnknownUserError:
-        if started:
-            raise
-        async for piece in engine.astream_chat(**_without_memory(request)):
-            yield piece
-
-
-def _without_memory(request: dict[str, Any]) -> dict[str, Any]:
-    """``request`` answered without memory, still as its user's (prefix-cache isolation)."""
-    return {**request, "user_id": None, "tenant": request.get("user_id")}
+    return await on_engine(engine, answer())

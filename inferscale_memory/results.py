@@ -30,6 +30,9 @@ class ChatMetrics:
             injection and found in the fact pool (or in vLLM's prefix cache of this
             tenant). The others were computed by vLLM: the tail of the default
             answer-quality policy (``recompute_tail``) and ``recomputed_fact_ids``.
+        memory_used: Whether any fact was in the prompt. ``False``: answered without
+            memory (no ``user_id``, a user with no facts yet, or no facts given): the plain
+            conversation, nothing injected.
     """
 
     mode: str
@@ -45,6 +48,7 @@ class ChatMetrics:
     fact_ids: list[str] = field(default_factory=list)
     recomputed_fact_ids: list[str] = field(default_factory=list)
     injected_fact_ids: list[str] = field(default_factory=list)
+    memory_used: bool = False
 
 
 @dataclass(frozen=True)

@@ -227,11 +227,34 @@ def test_streaming_yields_the_same_answer(engine: MemoryEngine) -> None:
                                      max_tokens=12).text
 
 
+async def test_a_user_without_facts_is_answered_without_memory(engine: MemoryEngine) -> None:
+    question = ask("Say hello to me.")
+    plain = engine.chat(question, max_tokens=4)  # no user: the plain conversation
+    engine.memory.add("Wim grows tulips.", user_id="no-facts-left")
+    engine.memory.delete_all(user_id="no-facts-left")  # a user whose facts are all gone
+    for user in ("no-facts-yet", "no-facts-left"):
+        streamed = list(engine.stream_chat(question, user_id=user, max_tokens=4))
+        astreamed = [c async for c in engine.astream_chat(question, user_id=user,
+                                                          max_tokens=4)]
+        for reply in (engine.chat(question, user_id=user, max_tokens=4),
+                      await engine.achat(question, user_id=user, max_tokens=4),
+                      engine.answer(question, [], user_id=user, max_tokens=4),
+                      streamed[-1].result, astreamed[-1].result):
+            assert reply is not None and reply.text
+            assert reply.metrics.memory_used is False
+            assert reply.metrics.fact_ids == [] and reply.facts == []
+            assert reply.metrics.injected_tokens == 0 and reply.metrics.memory_tokens == 0
+            assert reply.prompt_token_ids == plain.prompt_token_ids
+    with pytest.raises(UnknownUserError):  # reading the facts of a user without any
+        engine.memory.list(user_id="no-facts-yet")
+    engine.memory.add("Wim grows tulips.", user_id="no-facts-left")
+    reply = engine.chat(ask("What does Wim grow?"), user_id="no-facts-left", max_tokens=4)
+    assert reply.metrics.memory_used is True and reply.metrics.injected_tokens > 0
+
+
 def test_bad_input_is_refused_and_changes_nothing(engine: MemoryEngine) -> None:
     engine.memory.add("Sven collects stamps.", user_id="bad")
     before = engine.memory.list(user_id="bad")
-    with pytest.raises(UnknownUserError):
-        engine.chat(ask("Who am I?"), user_id="nobody-at-all")
     with pytest.raises(InvalidInputError):
         engine.memory.add("   ", user_id="bad")
     with pytest.raises(InvalidInputError):

@@ -18,7 +18,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
 from inferscale_memory.results import ChatChunk, ChatResult
-from inferscale_memory.server.context import ServerContext, context, in_thread, tenant
+from inferscale_memory.server.context import ServerContext, context, tenant
 from inferscale_memory.server.errors import (
     APIError,
     ClientDisconnected,
@@ -56,7 +56,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
     ctx.check_model(body.model)
     ctx.check_max_tokens(body.max_tokens, "max_tokens")
     ctx.check_max_tokens(body.max_completion_tokens, "max_completion_tokens")
-    call = await _Call.prepare(ctx, body, tenant(request, body.user, required=False))
+    call = _Call.prepare(ctx, body, tenant(request, body.user, required=False))
     if body.stream:
         return await call.stream(body)
     result = await _unless_gone(request, ctx.engine.achat(call.messages, **call.kwargs))
@@ -95,8 +95,7 @@ async def _disconnected(request: Request) -> None:
 class _Call:
     """One chat request turned into engine arguments."""
 
-    def __init__(self, ctx: ServerContext, body: ChatCompletionRequest, user: str | None,
-                 memory_user: str | None) -> None:
+    def __init__(self, ctx: ServerContext, body: ChatCompletionRequest, user: str | None) -> None:
         options = body.memory or MemoryOptions(k=None)
         self.ctx = ctx
         self.id = f"chatcmpl-{uuid.uuid4().hex}"
@@ -107,8 +106,8 @@ class _Call:
         self.top_logprobs = (body.top_logprobs or 0) if body.logprobs else None
         self.messages = [{"role": "system" if m.role == "developer" else m.role,
                           "content": m.text()} for m in body.messages]
-        kwargs: dict[str, Any] = {
-            "user_id": memory_user, "tenant": user, "k": options.k,
+        kwargs: dict[str, Any] = {  # a user without facts yet: the engine answers plainly
+            "user_id": None if self.mode == "off" else user, "tenant": user, "k": options.k,
             "mode": "text" if self.mode == "off" else self.mode,
             "fact_order": options.fact_order, "recompute_tail": options.recompute_tail,
             "max_tokens": body.max_completion_tokens or body.max_tokens,
@@ -122,8 +121,8 @@ class _Call:
                        if value is not None or key == "user_id"}
 
     @classmethod
-    async def prepare(cls, ctx: ServerContext, body: ChatCompletionRequest,
-                      user: str | None) -> _Call:
+    def prepare(cls, ctx: ServerContext, body: ChatCompletionRequest,
+                user: str | None) -> _Call:
         if body.tools or body.functions:
             raise APIError(400, "tools and functions are not supported by this server",
                            param="tools", code="unsupported_parameter")
@@ -136,11 +135,7 @@ class _Call:
         if body.stream and body.logprobs:
             raise APIError(400, "logprobs are only supported without stream",
                            param="logprobs", code="unsupported_parameter")
-        off = body.memory is not None and body.memory.mode == "off"
-        memory_user = None
-        if user is not None and not off and await in_thread(ctx.engine.store.has_user, user):
-            memory_user = user  # a user without facts is answered without memory
-        return cls(ctx, body, user, memory_user)
+        return cls(ctx, body, user)
 
     def observe(self, result: ChatResult) -> None:
         self.ctx.metrics.observe_chat(result.metrics, self.mode)
@@ -148,7 +143,7 @@ class _Call:
     def report(self, result: ChatResult) -> MemoryReport:
         m = result.metrics
         k = None if self.mode == "off" else self.k
-        return MemoryReport(user=self.user, mode=self.mode, k=k,
+        return MemoryReport(user=self.user, mode=self.mode, k=k, memory_used=m.memory_used,
                             fact_ids=m.fact_ids, recomputed_fact_ids=m.recomputed_fact_ids,
                             ttft_ms=round(m.ttft_ms, 3), retrieval_ms=round(m.retrieval_ms, 3))
 

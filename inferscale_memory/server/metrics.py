@@ -1,12 +1,13 @@
 """Prometheus metrics of the server, in a registry of its own (one per app).
 
-Chat answers feed the TTFT histogram (by mode), token counters and the recompute
-fallbacks; :class:`~inferscale_memory.server.middleware.RequestCounter` counts requests by
-route, method and status; the engine's fact-KV pool counters (:class:`~inferscale_memory.
-results.KVStats`: hits, misses, captures, evictions, demotions, promotions, rows held) are
-read at each scrape, with the bytes of the device pool's rows; the store's fact and user
-counts are refreshed when ``/metrics`` is scraped (at most every ``refresh_s`` seconds: two
-counts in one SQL query, in a worker thread).
+Chat answers feed the TTFT histogram (by mode), token counters, the answers without
+memory (by reason: ``off``, memory off or no user; ``no_facts``, a user with no facts yet)
+and the recompute fallbacks; :class:`~inferscale_memory.server.middleware.RequestCounter`
+counts requests by route, method and status; the engine's fact-KV pool counters
+(:class:`~inferscale_memory.results.KVStats`: hits, misses, captures, evictions, demotions,
+promotions, rows held) are read at each scrape, with the bytes of the device pool's rows;
+the store's fact and user counts are refreshed when ``/metrics`` is scraped (at most every
+``refresh_s`` seconds: two counts in one SQL query, in a worker thread).
 
 No metric has a tenant label: ``/metrics`` is served without an API key, and a label per
 tenant would publish user ids (and grow without bound with the tenants).
@@ -53,6 +54,10 @@ class ServerMetrics:
                               ["mode"], buckets=TTFT_BUCKETS, registry=r)
         self.answers = Counter("inferscale_chat_answers", "Chat answers by memory mode",
                                ["mode"], registry=r)
+        self.answers_without_memory = Counter(
+            "inferscale_chat_answers_without_memory",
+            "Chat answers with no fact in the prompt, by reason: off (memory off or no "
+            "user) or no_facts (a user with no facts yet)", ["reason"], registry=r)
         self.prompt_tokens = Counter("inferscale_chat_prompt_tokens",
                                      "Prompt tokens of chat answers", registry=r)
         self.injected_tokens = Counter("inferscale_chat_injected_tokens",
@@ -82,6 +87,8 @@ class ServerMetrics:
         if metrics.output_tokens:
             self.ttft.labels(mode).observe(metrics.ttft_ms / 1000)
         self.answers.labels(mode).inc()
+        if not metrics.memory_used:
+            self.answers_without_memory.labels("off" if mode == "off" else "no_facts").inc()
         self.prompt_tokens.inc(metrics.prompt_tokens)
         self.injected_tokens.inc(metrics.injected_tokens)
         self.computed_tokens.inc(metrics.computed_tokens)

@@ -136,6 +136,9 @@ class MemoryReport(BaseModel):
     user: str | None
     mode: Literal["kv", "text", "off"]
     k: int | None
+    memory_used: bool = Field(description=(
+        "Whether any fact was in the prompt; false: answered without memory (memory off, "
+        "no user, or a user with no facts yet)"))
     fact_ids: list[str] = Field(description="Facts in the prompt, best-ranked last")
     recomputed_fact_ids: list[str] = Field(
         description="Facts whose KV was missing and were recomputed from text")

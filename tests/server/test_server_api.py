@@ -5,10 +5,12 @@ Chat goes through the official ``openai`` client; the memories API through httpx
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from server_helpers import add_facts, ask, assert_openai_error, http, openai_client
 
 if TYPE_CHECKING:
@@ -47,6 +49,7 @@ def test_chat_with_the_openai_client(server: ServerHandle, model: str) -> None:
     assert usage.injected_tokens == 0  # type: ignore[attr-defined]
     assert usage.computed_prompt_tokens > 0  # type: ignore[attr-defined]
     assert reply.memory["mode"] == "off"  # type: ignore[attr-defined]
+    assert reply.memory["memory_used"] is False  # type: ignore[attr-defined]
 
 
 def test_streaming_with_the_openai_client(server: ServerHandle, model: str) -> None:
@@ -78,11 +81,45 @@ def test_answer_uses_a_fact_added_through_the_memories_api(server: ServerHandle,
     assert usage.computed_prompt_tokens < usage.prompt_tokens  # type: ignore[attr-defined]
     assert reply.memory["fact_ids"] == [fact["id"]]  # type: ignore[attr-defined]
     assert reply.memory["recomputed_fact_ids"] == []  # type: ignore[attr-defined]
+    assert reply.memory["memory_used"] is True  # type: ignore[attr-defined]
     text = openai_client(server).chat.completions.create(
         model=model, messages=ask("What is the name of Zora's dog?"), max_tokens=16,
         extra_headers={"X-Memory-User": "srv-zora"}, extra_body={"memory": {"mode": "text"}})
     assert text.usage is not None and text.usage.injected_tokens == 0  # type: ignore
     assert text.memory["fact_ids"] == [fact["id"]]  # type: ignore[attr-defined]
+
+
+def answers_without_memory(server: ServerHandle) -> dict[str, float]:
+    """``inferscale_chat_answers_without_memory_total`` by reason."""
+    text = httpx.get(f"{server.url}/metrics").text
+    return {s.labels["reason"]: s.value for family in text_string_to_metric_families(text)
+            for s in family.samples if s.name == "inferscale_chat_answers_without_memory_total"}
+
+
+def test_a_user_without_facts_is_answered_without_memory(server: ServerHandle,
+                                                        model: str) -> None:
+    user = "srv-no-facts-yet"
+    before = answers_without_memory(server)
+    body = {"model": model, "messages": ask("Say hello to me."), "max_tokens": 4, "user": user}
+    with http(server) as client:
+        reply = client.post("/chat/completions", json=body)
+        with client.stream("POST", "/chat/completions", json={**body, "stream": True}) as events:
+            assert events.status_code == 200
+            chunks = [json.loads(line[6:]) for line in events.iter_lines()
+                      if line.startswith("data: {")]
+        assert_openai_error(client.get("/memories", params={"user_id": user}), 404,
+                            "user_not_found")  # reading its facts is still a 404
+    assert reply.status_code == 200, reply.text
+    answer = reply.json()
+    assert answer["choices"][0]["message"]["content"]
+    assert answer["usage"]["injected_tokens"] == 0
+    [finishing] = [c for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]
+    for memory in (answer["memory"], finishing["memory"]):
+        assert memory["user"] == user and memory["fact_ids"] == []
+        assert memory["memory_used"] is False
+    after = answers_without_memory(server)
+    assert after["no_facts"] == before.get("no_facts", 0) + 2
+    assert after.get("off", 0) == before.get("off", 0)
 
 
 def test_quality_levers_per_request(server: ServerHandle, model: str) -> None:

@@ -18,12 +18,7 @@ from pydantic import ConfigDict, Field, SecretStr
 
 from inferscale_memory import ChatChunk, MemoryEngine
 from inferscale_memory import ChatResult as MemoryResult
-from inferscale_memory.integrations import (
-    achat_or_plain,
-    astream_or_plain,
-    default_engine,
-    stream_or_plain,
-)
+from inferscale_memory.integrations import achat_within, default_engine
 from langchain_inferscale.injection import afacts_for, facts_for, without_memory
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
@@ -167,7 +162,7 @@ class ChatInferScale(BaseChatModel):
                   **kwargs: Any) -> ChatResult:
         engine, request = self._request(messages, stop, kwargs)
         skipped = facts_for(engine, request)
-        result = engine.arun(achat_or_plain(engine, request, self.timeout))
+        result = engine.arun(achat_within(engine, request, self.timeout))
         return self._chat_result(engine, result, request["user_id"], skipped)
 
     async def _agenerate(self, messages: list[BaseMessage], stop: list[str] | None = None,
@@ -175,7 +170,7 @@ class ChatInferScale(BaseChatModel):
                          **kwargs: Any) -> ChatResult:
         engine, request = self._request(messages, stop, kwargs)
         skipped = await afacts_for(engine, request)
-        result = await achat_or_plain(engine, request, self.timeout)
+        result = await achat_within(engine, request, self.timeout)
         return self._chat_result(engine, result, request["user_id"], skipped)
 
     def _stream(self, messages: list[BaseMessage], stop: list[str] | None = None,
@@ -183,7 +178,7 @@ class ChatInferScale(BaseChatModel):
                 **kwargs: Any) -> Iterator[ChatGenerationChunk]:
         engine, request = self._request(messages, stop, kwargs)
         skipped = facts_for(engine, request)
-        for piece in stream_or_plain(engine, request):
+        for piece in engine.stream_chat(**request):
             chunk = self._chunk(engine, piece, request["user_id"], skipped)
             if run_manager and piece.text:
                 run_manager.on_llm_new_token(piece.text, chunk=chunk)
@@ -194,7 +189,7 @@ class ChatInferScale(BaseChatModel):
                        **kwargs: Any) -> AsyncIterator[ChatGenerationChunk]:
         engine, request = self._request(messages, stop, kwargs)
         skipped = await afacts_for(engine, request)
-        async for piece in astream_or_plain(engine, request):
+        async for piece in engine.astream_chat(**request):
             chunk = self._chunk(engine, piece, request["user_id"], skipped)
             if run_manager and piece.text:
                 await run_manager.on_llm_new_token(piece.text, chunk=chunk)

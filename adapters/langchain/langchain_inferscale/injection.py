@@ -32,7 +32,7 @@ def facts_for(engine: MemoryEngine, request: dict[str, Any]) -> list[str]:
     try:
         found = engine.memory.search(query, user_id=request["user_id"], k=_k(engine, request))
     except UnknownUserError:
-        return []  # answered without memory by the engine's own fallback
+        return []  # no facts yet: the engine answers without memory
     return _keep_unpasted(request, found)
 
 
@@ -65,7 +65,7 @@ def split_pasted(facts: Sequence[ScoredFact], messages: Sequence[dict[str, str]]
 def without_memory(engine: MemoryEngine, result: ChatResult, user_id: str | None,
                    skipped: Sequence[str]) -> str | None:
     """Why an answer used no fact (``None`` when it used some)."""
-    if result.metrics.fact_ids:
+    if result.metrics.memory_used:
         return None
     if user_id is None:
         return ("no user_id: set it on the model, per call, or in config['configurable']"

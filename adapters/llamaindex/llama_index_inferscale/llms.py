@@ -22,12 +22,7 @@ from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_ca
 from llama_index.core.llms.llm import LLM
 
 from inferscale_memory import ChatChunk, ChatResult, MemoryEngine
-from inferscale_memory.integrations import (
-    achat_or_plain,
-    astream_or_plain,
-    default_engine,
-    stream_or_plain,
-)
+from inferscale_memory.integrations import default_engine
 from llama_index_inferscale.handover import FactsMessage, handed_facts
 
 # Sampling parameters, as constructor fields and call keywords (checked by the engine).
@@ -100,17 +95,17 @@ class InferScaleLLM(LLM):
     @llm_chat_callback()
     def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
         engine, request = self._request(messages, kwargs)
-        return _chat_response(engine.arun(achat_or_plain(engine, request)))
+        return _chat_response(engine.chat(**request))
 
     @llm_chat_callback()
     def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
         engine, request = self._request(messages, kwargs)
-        return _chat_stream(stream_or_plain(engine, request))
+        return _chat_stream(engine.stream_chat(**request))
 
     @llm_chat_callback()
     async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
         engine, request = self._request(messages, kwargs)
-        return _chat_response(await achat_or_plain(engine, request))
+        return _chat_response(await engine.achat(**request))
 
     @llm_chat_callback()
     async def astream_chat(self, messages: Sequence[ChatMessage],
@@ -119,7 +114,7 @@ class InferScaleLLM(LLM):
 
         async def gen() -> ChatResponseAsyncGen:
             text = ""
-            async for piece in astream_or_plain(engine, request):
+            async for piece in engine.astream_chat(**request):
                 text += piece.text
                 yield _chat_piece(text, piece)
 

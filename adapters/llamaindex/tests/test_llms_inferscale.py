@@ -64,10 +64,17 @@ async def test_async_variants(engine: MemoryEngine) -> None:
     assert deltas
 
 
-def test_without_user_or_facts_there_is_no_memory(engine: MemoryEngine) -> None:
+async def test_without_user_or_facts_there_is_no_memory(engine: MemoryEngine) -> None:
     for user in (None, "li-new-user"):
-        response = InferScaleLLM(engine=engine, user_id=user, max_tokens=4).chat(ask("Hi"))
-        assert memory_of(response)["injected_tokens"] == 0 and response.message.content
+        llm = InferScaleLLM(engine=engine, user_id=user, max_tokens=4)
+        streamed = list(llm.stream_chat(ask("Hi")))
+        astreamed = [r async for r in await llm.astream_chat(ask("Hi"))]
+        for response in (llm.chat(ask("Hi")), await llm.achat(ask("Hi")), streamed[-1],
+                         astreamed[-1]):
+            assert response.message.content
+            assert memory_of(response)["memory_used"] is False
+            assert memory_of(response)["injected_tokens"] == 0
+            assert memory_of(response)["fact_ids"] == []
 
 
 def test_another_users_identical_prompt_is_not_served_from_the_cache(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import operator
 from collections.abc import Callable
 
 import pytest
@@ -88,8 +90,11 @@ async def test_retriever_returns_the_user_facts_as_documents(engine: MemoryEngin
 
 
 def test_user_without_facts_is_answered_without_memory(engine: MemoryEngine) -> None:
-    reply = ChatInferScale(engine=engine, user_id="lc-new-user", max_tokens=4).invoke("Hi")
-    assert memory_of(reply)["injected_tokens"] == 0 and reply.content
+    llm = ChatInferScale(engine=engine, user_id="lc-new-user", max_tokens=4)
+    for reply in (llm.invoke("Hi"), functools.reduce(operator.add, llm.stream("Hi"))):
+        assert memory_of(reply)["injected_tokens"] == 0 and reply.content
+        assert memory_of(reply)["memory_used"] is False
+        assert "has no facts" in memory_of(reply)["without_memory"]
 
 
 def test_agent_run_config_names_the_user(engine: MemoryEngine) -> None:
