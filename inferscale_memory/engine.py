@@ -59,8 +59,7 @@ class MemoryEngine:
         if config is None:
             config = MemoryConfig.load(model=model, **overrides)
         elif model is not None or overrides:
-            config = MemoryConfig.from_dict({**config.__dict__, **overrides,
-                                             **({"model": model} if model else {})})
+            config = config.replace(**overrides, **({"model": model} if model else {}))
         self._config = config
         self.model_path = resolve_model(config.model, config.cache_dir)
         self.tokenizer = AutoTokenizer.from_pretrained(str(self.model_path))
