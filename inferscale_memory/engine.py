@@ -22,7 +22,7 @@ from inferscale_memory.config import MemoryConfig
 from inferscale_memory.connector.params import FactKey, RequestParams, Span
 from inferscale_memory.errors import ContextLengthError, EngineClosedError, InvalidInputError
 from inferscale_memory.fact_kv import FactKV
-from inferscale_memory.fields import FactCount, FactOrder, Mode, RecomputeTail, check, unicode_text
+from inferscale_memory.fields import FactCount, FactOrder, Mode, RecomputeTail, UnicodeText, check
 from inferscale_memory.layout import (
     PromptBuilder,
     PromptLayout,
@@ -273,8 +273,7 @@ class MemoryEngine:
         if any(not isinstance(s.fact, Fact) or s.fact.user_id != user_id for s in scored):
             raise InvalidInputError("facts must be Fact objects of the same user_id")
         for s in scored:
-            check(str, s.fact.text, "a fact's text")
-            unicode_text(s.fact.text, "a fact's text")
+            check(UnicodeText, s.fact.text, "a fact's text")
         return scored
 
     def _check_length(self, layout: PromptLayout, max_tokens: int) -> None:

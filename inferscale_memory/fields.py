@@ -80,9 +80,9 @@ def describe(exc: ValidationError, name: str | None = None) -> str:
     for error in exc.errors():
         # A union's branches show up in the location as their schema; only names and
         # indices say where the value is.
-        parts = ((name,) if name else ()) + error["loc"]
-        loc = ".".join(str(part) for part in parts
-                       if isinstance(part, int) or part.isidentifier())
+        parts = [str(part) for part in error["loc"]
+                 if isinstance(part, int) or part.isidentifier()]
+        loc = ".".join(([name] if name else []) + parts)
         message = error["msg"].removeprefix("Value error, ")
         got = "" if error["type"] == "value_error" else f"; got {error['input']!r:.80}"
         lines.append(f"{loc}: {message}{got}" if loc else message)

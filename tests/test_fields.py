@@ -17,6 +17,7 @@ from inferscale_memory.fields import (
     FactOrder,
     RecomputeTail,
     Temperature,
+    UnicodeText,
     check,
     unicode_text,
 )
@@ -92,3 +93,5 @@ def test_check_is_strict_and_names_the_value() -> None:
         check(FactCount, 0, "k")
     with pytest.raises(InvalidInputError, match=r"fact_order: .*got 'fast'"):
         check(FactOrder, "fast", "fact_order")
+    with pytest.raises(InvalidInputError, match="^a fact's text: .*valid string; got 5$"):
+        check(UnicodeText, 5, "a fact's text")
