@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -39,7 +38,6 @@ from inferscale_memory.fields import (
 ENV_PREFIX = "INFERSCALE_"
 # The fields of the answer-quality policy (docs/quality.md).
 QUALITY_FIELDS = ("fact_order", "recompute_tail", "capture_context", "capture_context_from")
-_COLLECTION_NAME = re.compile(r"[A-Za-z0-9_.-]{1,255}")
 
 
 def _default_cache_dir() -> Path:
@@ -157,9 +155,10 @@ class MemoryConfig(BaseSettings):
     vllm_logs: bool = False
     index: IndexBackend = "exact"
     qdrant_path: PathText | None = None
-    qdrant_url: str | None = None
+    qdrant_url: Annotated[str, Field(pattern=r"^https?://")] | None = None
     qdrant_api_key: str | None = Field(None, repr=False)  # a secret: kept out of logs
-    qdrant_collection: str = "inferscale_facts"
+    qdrant_collection: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,255}$")] = (
+        "inferscale_facts")
     fact_order: FactOrder = "rank"
     recompute_tail: Annotated[RecomputeTail, _NUMBER] = 4
     capture_context: Annotated[CaptureContext, _NUMBER] = 4
@@ -194,11 +193,6 @@ class MemoryConfig(BaseSettings):
              "set qdrant_path (embedded Qdrant) or qdrant_url (a Qdrant server), not both"),
             (self.qdrant_api_key is None or url is not None,
              "qdrant_api_key needs qdrant_url (an embedded Qdrant has no keys)"),
-            (url is None or url.startswith(("http://", "https://")),
-             f"qdrant_url must start with http:// or https://; got {url!r}"),
-            (bool(_COLLECTION_NAME.fullmatch(self.qdrant_collection)),
-             "qdrant_collection must be 1-255 letters, digits, '_', '-' or '.'; "
-             f"got {self.qdrant_collection!r}"),
         ]
         for ok, message in checks:
             if not ok:
