@@ -1,7 +1,11 @@
 """One validated configuration, read from keyword arguments, the environment or a file.
 
 Precedence: keyword arguments > environment (``INFERSCALE_<FIELD>``) > file > defaults.
-Every default lives in :class:`MemoryConfig` itself.
+Every default and every rule lives in :class:`MemoryConfig` itself, a pydantic-settings
+model (the rules it shares with the per-call arguments come from
+:mod:`inferscale_memory.fields`). ``MemoryConfig(**kwargs)`` reads the environment too;
+:meth:`MemoryConfig.load` adds the file. Strings from the environment and files are parsed
+(``"7"``, ``"true"``); a boolean is never taken for a number.
 
 Example:
     >>> cfg = MemoryConfig.load(k=5)
@@ -11,24 +15,29 @@ Example:
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
-import re
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BeforeValidator, Field, ValidationError, model_validator
+from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDict, SettingsError
 
 from inferscale_memory.errors import ConfigError
+from inferscale_memory.fields import (
+    CaptureContext,
+    ContextSource,
+    FactCount,
+    FactOrder,
+    IndexBackend,
+    MaxTokens,
+    RecomputeTail,
+    describe,
+)
 
 ENV_PREFIX = "INFERSCALE_"
-INDEX_BACKENDS = ("exact", "qdrant")
-FACT_ORDERS = ("rank", "time")
-CONTEXT_SOURCES = ("recent", "similar")
 # The fields of the answer-quality policy (docs/quality.md).
 QUALITY_FIELDS = ("fact_order", "recompute_tail", "capture_context", "capture_context_from")
-MAX_CAPTURE_CONTEXT = 32
-_COLLECTION_NAME = re.compile(r"[A-Za-z0-9_.-]{1,255}")
 
 
 def _default_cache_dir() -> Path:
@@ -41,8 +50,25 @@ def _default_data_dir() -> Path:
     return Path(base) / "inferscale-memory"
 
 
-@dataclass(frozen=True)
-class MemoryConfig:
+def _not_bool(value: Any) -> Any:
+    # Strings from the environment and files are parsed (lax mode), but True is not 1 here.
+    if isinstance(value, bool):
+        raise ValueError("must be a number, not true or false")
+    return value
+
+
+def _fspath(value: Any) -> Any:
+    return os.fspath(value) if isinstance(value, os.PathLike) else value
+
+
+_NUMBER = BeforeValidator(_not_bool)
+Int = Annotated[int, _NUMBER]
+Float = Annotated[float, _NUMBER]
+PathText = Annotated[str, BeforeValidator(_fspath)]  # a path kept as given (":memory:")
+Folder = Annotated[Path, AfterValidator(Path.expanduser)]
+
+
+class MemoryConfig(BaseSettings):
     """Settings of a :class:`~inferscale_memory.MemoryEngine` and its store.
 
     Attributes:
@@ -106,73 +132,58 @@ class MemoryConfig:
             similar to it, as a retrieval would put them beside it, in the order added).
     """
 
-    model: str | None = None
-    cache_dir: Path = field(default_factory=_default_cache_dir)
-    store_path: str | None = None
-    data_dir: Path = field(default_factory=_default_data_dir)
-    k: int = 10
-    max_fact_tokens: int = 256
-    max_model_len: int | None = None
-    max_tokens: int = 128
-    kv_cache_gb: int = 2
-    kv_pool_gb: float = 4.0
-    kv_host_pool_gb: float = 0.0
-    gpu_memory_utilization: float = 0.85
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", frozen=True)
+
+    model: PathText | None = None
+    cache_dir: Folder = Field(default_factory=_default_cache_dir)
+    store_path: PathText | None = None
+    data_dir: Folder = Field(default_factory=_default_data_dir)
+    k: Annotated[FactCount, _NUMBER] = 10
+    max_fact_tokens: Annotated[Int, Field(ge=1)] = 256
+    max_model_len: Annotated[Int, Field(ge=64)] | None = None
+    max_tokens: Annotated[MaxTokens, _NUMBER] = 128
+    kv_cache_gb: Annotated[Int, Field(ge=1)] = 2
+    kv_pool_gb: Annotated[Float, Field(gt=0, lt=1 << 20)] = 4.0
+    kv_host_pool_gb: Annotated[Float, Field(ge=0, lt=1 << 20)] = 0.0
+    gpu_memory_utilization: Annotated[Float, Field(gt=0, le=1)] = 0.85
     dtype: str = "auto"
     enforce_eager: bool = False
-    tensor_parallel_size: int = 1
-    embedder: str | None = None
-    seed: int = 0
-    engine_args: dict[str, Any] = field(default_factory=dict)
+    tensor_parallel_size: Annotated[Int, Field(ge=1)] = 1
+    embedder: PathText | None = None
+    seed: Int = 0
+    engine_args: dict[str, Any] = Field(default_factory=dict)
     vllm_logs: bool = False
-    index: str = "exact"
-    qdrant_path: str | None = None
-    qdrant_url: str | None = None
-    qdrant_api_key: str | None = field(default=None, repr=False)  # a secret: kept out of logs
-    qdrant_collection: str = "inferscale_facts"
-    fact_order: str = "rank"
-    recompute_tail: int = 4
-    capture_context: int = 4
-    capture_context_from: str = "similar"
+    index: IndexBackend = "exact"
+    qdrant_path: PathText | None = None
+    qdrant_url: Annotated[str, Field(pattern=r"^https?://")] | None = None
+    qdrant_api_key: str | None = Field(None, repr=False)  # a secret: kept out of logs
+    qdrant_collection: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,255}$")] = (
+        "inferscale_facts")
+    fact_order: FactOrder = "rank"
+    recompute_tail: Annotated[RecomputeTail, _NUMBER] = 4
+    capture_context: Annotated[CaptureContext, _NUMBER] = 4
+    capture_context_from: ContextSource = "similar"
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "cache_dir", Path(self.cache_dir).expanduser())
-        object.__setattr__(self, "data_dir", Path(self.data_dir).expanduser())
-        checks = [
-            (self.k >= 1, "k must be >= 1"),
-            (self.max_fact_tokens >= 1, "max_fact_tokens must be >= 1"),
-            (self.max_model_len is None or self.max_model_len >= 64, "max_model_len must be >= 64"),
-            (self.max_tokens >= 1, "max_tokens must be >= 1"),
-            (self.kv_cache_gb >= 1, "kv_cache_gb must be >= 1"),
-            (isinstance(self.kv_pool_gb, int | float) and not isinstance(self.kv_pool_gb, bool)
-             and 0 < self.kv_pool_gb < 1 << 20, "kv_pool_gb must be a number > 0"),
-            (isinstance(self.kv_host_pool_gb, int | float)
-             and not isinstance(self.kv_host_pool_gb, bool)
-             and 0 <= self.kv_host_pool_gb < 1 << 20, "kv_host_pool_gb must be a number >= 0"),
-            (0 < self.gpu_memory_utilization <= 1, "gpu_memory_utilization must be in (0, 1]"),
-            (self.tensor_parallel_size >= 1, "tensor_parallel_size must be >= 1"),
-            (self.fact_order in FACT_ORDERS,
-             f"fact_order must be one of {FACT_ORDERS}; got {self.fact_order!r}"),
-            (self.recompute_tail >= 0,
-             f"recompute_tail must be >= 0 (facts computed from text); got {self.recompute_tail}"),
-            (self.capture_context_from in CONTEXT_SOURCES,
-             f"capture_context_from must be one of {CONTEXT_SOURCES}; "
-             f"got {self.capture_context_from!r}"),
-            (0 <= self.capture_context <= MAX_CAPTURE_CONTEXT,
-             f"capture_context must be in [0, {MAX_CAPTURE_CONTEXT}] (earlier facts before "
-             f"each captured fact); got {self.capture_context}"),
-        ]
-        for ok, message in checks + self._index_checks():
-            if not ok:
-                raise ConfigError(message)
+    def __init__(self, **values: Any) -> None:
+        """Validate ``values`` over ``INFERSCALE_*`` env vars and the defaults.
 
-    def _index_checks(self) -> list[tuple[bool, str]]:
+        Raises:
+            ConfigError: A value of the wrong type or range, an unknown key, or settings
+                that contradict each other; the message names the fields.
+        """
+        try:
+            super().__init__(**values)
+        except ValidationError as exc:
+            raise ConfigError(f"invalid config: {describe(exc)}") from None
+        except SettingsError as exc:  # e.g. INFERSCALE_ENGINE_ARGS that is not JSON
+            raise ConfigError(f"invalid {ENV_PREFIX}* environment variable: {exc}") from None
+
+    @model_validator(mode="after")
+    def _check_index(self) -> MemoryConfig:
         names = ("qdrant_path", "qdrant_url", "qdrant_api_key")
         qdrant = {name: getattr(self, name) for name in names if getattr(self, name) is not None}
         url = self.qdrant_url
-        return [
-            (self.index in INDEX_BACKENDS,
-             f"index must be one of {INDEX_BACKENDS}; got {self.index!r}"),
+        checks = [
             (self.index == "qdrant" or not qdrant,
              f"{', '.join(qdrant)} set but index is {self.index!r}: set index='qdrant' "
              f"(INFERSCALE_INDEX=qdrant) or remove {', '.join(qdrant)}"),
@@ -182,12 +193,11 @@ class MemoryConfig:
              "set qdrant_path (embedded Qdrant) or qdrant_url (a Qdrant server), not both"),
             (self.qdrant_api_key is None or url is not None,
              "qdrant_api_key needs qdrant_url (an embedded Qdrant has no keys)"),
-            (url is None or url.startswith(("http://", "https://")),
-             f"qdrant_url must start with http:// or https://; got {url!r}"),
-            (bool(_COLLECTION_NAME.fullmatch(self.qdrant_collection)),
-             "qdrant_collection must be 1-255 letters, digits, '_', '-' or '.'; "
-             f"got {self.qdrant_collection!r}"),
         ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)
+        return self
 
     @property
     def resolved_store_path(self) -> str:
@@ -206,27 +216,33 @@ class MemoryConfig:
 
     @classmethod
     def load(cls, path: str | os.PathLike[str] | None = None, **overrides: Any) -> MemoryConfig:
-        """Build a config from a JSON file (optional), ``INFERSCALE_*`` env vars and kwargs."""
+        """Build a config from a JSON file (optional), ``INFERSCALE_*`` env vars and kwargs
+        (a kwarg of ``None`` is not given)."""
         values: dict[str, Any] = {}
         if path is not None:
             values.update(_read_file(Path(path)))
-        values.update(_read_env())
+        values.update(_read_env())  # over the file; keyword arguments go over both
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls.from_dict(values)
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> MemoryConfig:
         """Validate ``values`` (unknown keys and wrong types raise :class:`ConfigError`)."""
-        known = {f.name: f for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - set(known))
-        if unknown:
-            raise ConfigError(f"unknown config keys {unknown}; known keys: {sorted(known)}")
-        try:
-            return cls(**{name: _coerce(known[name], value) for name, value in values.items()})
-        except (TypeError, ValueError) as exc:
-            if isinstance(exc, ConfigError):
-                raise
-            raise ConfigError(f"invalid config: {exc}") from exc
+        unknown = sorted(set(values) - set(cls.model_fields))
+        if unknown:  # before BaseSettings would read a key such as "_env_file" as its own
+            raise ConfigError(
+                f"unknown config keys {unknown}; known keys: {sorted(cls.model_fields)}")
+        return cls(**values)
+
+    def replace(self, **changes: Any) -> MemoryConfig:
+        """A copy with ``changes`` applied, validated like a new config (unlike pydantic's
+        ``model_copy(update=...)``): the config's ``dataclasses.replace``.
+
+        Example:
+            >>> MemoryConfig().replace(fact_order="time").fact_order
+            'time'
+        """
+        return self.from_dict({**self.model_dump(), **changes})
 
 
 def _read_file(path: Path) -> dict[str, Any]:
@@ -242,46 +258,7 @@ def _read_file(path: Path) -> dict[str, Any]:
 
 
 def _read_env() -> dict[str, Any]:
-    names = {f.name for f in dataclasses.fields(MemoryConfig)}
-    values: dict[str, Any] = {}
-    for name in names:
-        raw = os.environ.get(ENV_PREFIX + name.upper())
-        if raw is not None:
-            values[name] = json.loads(raw) if name == "engine_args" else raw
-    return values
-
-
-def _coerce(f: dataclasses.Field[Any], value: Any) -> Any:
-    """Turn strings from env/files into the field's type; reject wrong types."""
-    kind = str(f.type)
-    if value is None:
-        if "None" in kind:
-            return None
-        raise ConfigError(f"{f.name} must not be null")
-    if kind.startswith("bool"):
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in {"1", "true", "yes", "0", "false", "no"}:
-            return value.lower() in {"1", "true", "yes"}
-        raise ConfigError(f"{f.name} must be a boolean, got {value!r}")
-    if kind.startswith("int"):
-        if isinstance(value, bool) or not isinstance(value, int | str):
-            raise ConfigError(f"{f.name} must be an integer, got {value!r}")
-        try:
-            return int(value)
-        except ValueError as exc:
-            raise ConfigError(f"{f.name} must be an integer, got {value!r}") from exc
-    if kind.startswith("float"):
-        if isinstance(value, bool) or not isinstance(value, int | float | str):
-            raise ConfigError(f"{f.name} must be a number, got {value!r}")
-        try:
-            return float(value)
-        except ValueError as exc:
-            raise ConfigError(f"{f.name} must be a number, got {value!r}") from exc
-    if kind.startswith("dict"):
-        if not isinstance(value, dict):
-            raise ConfigError(f"{f.name} must be an object, got {value!r}")
-        return value
-    if not isinstance(value, str | os.PathLike):
-        raise ConfigError(f"{f.name} must be a string, got {value!r}")
-    return value
+    try:
+        return EnvSettingsSource(MemoryConfig)()
+    except SettingsError as exc:
+        raise ConfigError(f"invalid {ENV_PREFIX}* environment variable: {exc}") from None

@@ -18,7 +18,7 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Sequence
 from typing import Any
 
-from inferscale_memory.config import FACT_ORDERS, MemoryConfig
+from inferscale_memory.config import MemoryConfig
 from inferscale_memory.connector.params import FactKey, RequestParams, Span
 from inferscale_memory.errors import (
     ContextLengthError,
@@ -27,10 +27,10 @@ from inferscale_memory.errors import (
     UnknownUserError,
 )
 from inferscale_memory.fact_kv import FactKV
+from inferscale_memory.fields import FactCount, FactOrder, Mode, RecomputeTail, UnicodeText, check
 from inferscale_memory.layout import (
     PromptBuilder,
     PromptLayout,
-    is_unicode,
     prompt_contexts,
     prompt_order,
     tail_size,
@@ -43,7 +43,6 @@ from inferscale_memory.runtime import Completion, VllmRuntime
 from inferscale_memory.store import Fact, MemoryStore, ScoredFact
 
 logger = logging.getLogger(__name__)
-MODES = ("kv", "text")
 
 
 class MemoryEngine:
@@ -65,8 +64,7 @@ class MemoryEngine:
         if config is None:
             config = MemoryConfig.load(model=model, **overrides)
         elif model is not None or overrides:
-            config = MemoryConfig.from_dict({**config.__dict__, **overrides,
-                                             **({"model": model} if model else {})})
+            config = config.replace(**overrides, **({"model": model} if model else {}))
         self._config = config
         self.model_path = resolve_model(config.model, config.cache_dir)
         self.tokenizer = AutoTokenizer.from_pretrained(str(self.model_path))
@@ -253,11 +251,8 @@ class MemoryEngine:
         conversation = validate_messages(messages)
         if not conversation or conversation[-1]["role"] != "user":
             raise InvalidInputError("the last message must be the user's")
-        k = self.config.k if k is None else k
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise InvalidInputError(f"k must be an integer >= 1, got {k!r}")
-        if not isinstance(mode, str) or mode not in MODES:
-            raise InvalidInputError(f"mode must be one of {MODES}, got {mode!r}")
+        k = check(FactCount, self.config.k if k is None else k, "k")
+        check(Mode, mode, "mode")
         checked = check_options(
             options, default_max_tokens=self.config.max_tokens,
             max_logprobs=self.config.engine_args.get("max_logprobs", DEFAULT_MAX_LOGPROBS))
@@ -269,11 +264,7 @@ class MemoryEngine:
                        ) -> tuple[str, int]:
         order = self.config.fact_order if fact_order is None else fact_order
         tail = self.config.recompute_tail if recompute_tail is None else recompute_tail
-        if order not in FACT_ORDERS:
-            raise InvalidInputError(f"fact_order must be one of {FACT_ORDERS}, got {order!r}")
-        if isinstance(tail, bool) or not isinstance(tail, int) or tail < 0:
-            raise InvalidInputError(f"recompute_tail must be an integer >= 0, got {tail!r}")
-        return order, tail
+        return check(FactOrder, order, "fact_order"), check(RecomputeTail, tail, "recompute_tail")
 
     async def _retrieve(self, query: str, user_id: str | None, k: int) -> list[ScoredFact]:
         if user_id is None:
@@ -290,8 +281,8 @@ class MemoryEngine:
         scored = [f if isinstance(f, ScoredFact) else ScoredFact(f, 0.0) for f in facts]
         if any(not isinstance(s.fact, Fact) or s.fact.user_id != user_id for s in scored):
             raise InvalidInputError("facts must be Fact objects of the same user_id")
-        if any(not isinstance(s.fact.text, str) or not is_unicode(s.fact.text) for s in scored):
-            raise InvalidInputError("a fact's text must be valid Unicode text")
+        for s in scored:
+            check(UnicodeText, s.fact.text, "a fact's text")
         return scored
 
     def _check_length(self, layout: PromptLayout, max_tokens: int) -> None:

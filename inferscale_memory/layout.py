@@ -23,6 +23,7 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from inferscale_memory.errors import InvalidInputError
+from inferscale_memory.fields import unicode_text
 
 if TYPE_CHECKING:
     from inferscale_memory.store import Fact, ScoredFact
@@ -181,18 +182,6 @@ def validate_messages(messages: Any) -> list[dict[str, str]]:
             raise InvalidInputError(f"message {i}: role must be one of {sorted(ROLES)}")
         if not isinstance(content, str):
             raise InvalidInputError(f"message {i}: content must be a string")
-        if not is_unicode(content):
-            raise InvalidInputError(f"message {i}: content holds a lone surrogate; send "
-                                    "valid Unicode text")
+        unicode_text(content, f"message {i}: content")
         out.append({"role": role, "content": content})
     return out
-
-
-def is_unicode(text: str) -> bool:
-    """Whether ``text`` is valid Unicode: no lone surrogates, which UTF-8 (and so the
-    tokenizer) cannot encode."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True

@@ -16,7 +16,6 @@ work on it); rerunning resumes.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import tempfile
 from pathlib import Path
@@ -88,7 +87,7 @@ def main() -> None:
         base_config = engine.config
         for name in order:
             levers = settings[name]
-            engine.config = dataclasses.replace(base_config, **levers)
+            engine.config = base_config.replace(**levers)
             base = is_baseline(levers)
             text_from = None if base else baselines.get(levers["fact_order"])
             run = bench_locomo(engine, args.dataset, ks, limit=args.limit,

@@ -98,3 +98,33 @@ def test_quality_levers_from_env_and_their_defaults(monkeypatch: pytest.MonkeyPa
     assert MemoryConfig.load().capture_context_from == "recent"
     with pytest.raises(ConfigError, match="capture_context_from"):
         MemoryConfig.load(capture_context_from="random")
+
+
+def test_replace_validates_like_a_new_config(tmp_path: Path) -> None:
+    config = MemoryConfig.load(k=3, store_path=tmp_path / "m.sqlite")  # a path-like is kept as str
+    assert config.store_path == str(tmp_path / "m.sqlite")
+    changed = config.replace(fact_order="time", recompute_tail=0)
+    assert (changed.k, changed.fact_order, changed.recompute_tail) == (3, "time", 0)
+    assert (config.fact_order, config.recompute_tail) == ("rank", 4)  # the original stays
+    with pytest.raises(ConfigError, match="fact_order"):
+        config.replace(fact_order="random")
+    with pytest.raises(ConfigError, match="unknown config keys"):
+        config.replace(fact_ordr="time")
+    with pytest.raises(ConfigError, match="not both"):  # the cross-field checks run too
+        MemoryConfig.load(index="qdrant", qdrant_path="/srv/q").replace(qdrant_url="http://q")
+
+
+def test_errors_name_the_field_however_the_config_is_built(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ConfigError, match=r"capture_context: .*32; got 33"):
+        MemoryConfig(capture_context=33)
+    with pytest.raises(ConfigError, match="kv_pool_gb"):
+        MemoryConfig.load(kv_pool_gb=True)
+    monkeypatch.setenv("INFERSCALE_ENGINE_ARGS", '{"max_logprobs": 5}')
+    assert MemoryConfig.load().engine_args == {"max_logprobs": 5}
+    monkeypatch.setenv("INFERSCALE_MAX_TOKENS", "zero")
+    with pytest.raises(ConfigError, match="max_tokens"):
+        MemoryConfig.load()
+    monkeypatch.setenv("INFERSCALE_ENGINE_ARGS", "{not json")
+    with pytest.raises(ConfigError, match="INFERSCALE_"):
+        MemoryConfig.load()

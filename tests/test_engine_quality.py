@@ -7,8 +7,6 @@ All on the shared session engine: the levers are per-call arguments (``fact_orde
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 from test_engine import ask, assert_same_answer, block_fact
 
@@ -94,8 +92,8 @@ def test_recompute_tail_answers_like_the_text_path(engine: MemoryEngine) -> None
 
 def test_capture_context_captures_a_fact_after_its_predecessors(
         engine: MemoryEngine, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(engine, "config", dataclasses.replace(
-        engine.config, capture_context=1, capture_context_from="recent"))
+    monkeypatch.setattr(engine, "config", engine.config.replace(
+        capture_context=1, capture_context_from="recent"))
     first = engine.memory.add(block_fact(engine, "Omar adopted a grey cat in 2019."),
                               user_id="context")
     second = engine.memory.add(
@@ -133,7 +131,7 @@ def default_policy(engine: MemoryEngine, monkeypatch: pytest.MonkeyPatch) -> Mem
     """The shared engine with the library's default quality policy (it runs without)."""
     defaults = MemoryConfig()
     policy = {name: getattr(defaults, name) for name in QUALITY_FIELDS}
-    monkeypatch.setattr(engine, "config", dataclasses.replace(engine.config, **policy))
+    monkeypatch.setattr(engine, "config", engine.config.replace(**policy))
     return engine.config
 
 
@@ -173,8 +171,8 @@ def test_default_policy_injects_all_but_a_tail_and_computes_small_k_as_text(
 
 def test_similar_context_captures_a_fact_after_its_nearest_fact(
         engine: MemoryEngine, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(engine, "config", dataclasses.replace(
-        engine.config, capture_context=1, capture_context_from="similar"))
+    monkeypatch.setattr(engine, "config", engine.config.replace(
+        capture_context=1, capture_context_from="similar"))
     first = engine.memory.add(block_fact(engine, "Omar adopted a grey cat in 2019."),
                               user_id="near")
     engine.memory.add("The night train to Lisbon leaves at ten.", user_id="near")
@@ -202,8 +200,8 @@ def test_facts_from_another_store_are_recaptured_with_context_capture_on(
     # the engine's store. Missing KV is computed in the answer and recaptured in the
     # background; with context capture on, that recapture once listed the engine's store
     # for the context and failed with UnknownUserError.
-    monkeypatch.setattr(engine, "config", dataclasses.replace(
-        engine.config, capture_context=2, capture_context_from="similar"))
+    monkeypatch.setattr(engine, "config", engine.config.replace(
+        capture_context=2, capture_context_from="similar"))
     facts = [Fact(id=f"elsewhere-{n}", user_id="elsewhere", text=text, metadata={},
                   created_at=float(n), updated_at=float(n))
              for n, text in enumerate(["Rui grows basil on the balcony.",

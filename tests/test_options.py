@@ -12,8 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from inferscale_memory.errors import InvalidInputError
+from inferscale_memory.fields import SEED_MAX, SEED_MIN
 from inferscale_memory.layout import validate_messages
-from inferscale_memory.options import SEED_MAX, SEED_MIN, check_options
+from inferscale_memory.options import check_options
 
 
 def check(**options: Any) -> dict[str, Any]:

@@ -13,7 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from inferscale_memory.config import CONTEXT_SOURCES, QUALITY_FIELDS
+from inferscale_memory.config import QUALITY_FIELDS
+from inferscale_memory.fields import CONTEXT_SOURCES, FACT_ORDERS
 
 if TYPE_CHECKING:
     from inferscale_memory.bench.run_folder import RunFolder
@@ -53,7 +54,7 @@ def add_bench_parser(commands: Any) -> None:
     locomo.add_argument("--max-tokens", type=int, default=32, help="answer length cap")
     locomo.add_argument("--resume", action="store_true",
                         help="continue the run in --out, skipping requests already recorded")
-    locomo.add_argument("--fact-order", choices=("rank", "time"), default=None,
+    locomo.add_argument("--fact-order", choices=FACT_ORDERS, default=None,
                         help="facts in the prompt: best-ranked last, or oldest first "
                              "(default: the config's fact_order)")
     locomo.add_argument("--recompute-tail", type=int, default=None, metavar="R",

@@ -25,7 +25,8 @@ from inferscale_memory.bench.locomo_dataset import CATEGORIES, LocomoConversatio
 from inferscale_memory.bench.run_folder import RunFolder
 from inferscale_memory.bench.scoring import agreement, evidence_recall, locomo_f1
 from inferscale_memory.bench.stats import mean, median, paired_difference, percentile
-from inferscale_memory.engine import MODES, MemoryEngine
+from inferscale_memory.engine import MemoryEngine
+from inferscale_memory.fields import MODES
 from inferscale_memory.results import ChatResult
 from inferscale_memory.store import ScoredFact
 

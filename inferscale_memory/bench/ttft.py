@@ -19,7 +19,8 @@ from tqdm import tqdm
 from inferscale_memory.bench.run_folder import RunFolder
 from inferscale_memory.bench.stats import median, percentile
 from inferscale_memory.bench.synthetic import LoadLog
-from inferscale_memory.engine import MODES, MemoryEngine
+from inferscale_memory.engine import MemoryEngine
+from inferscale_memory.fields import MODES
 from inferscale_memory.results import ChatResult
 from inferscale_memory.store import Fact
 

@@ -10,6 +10,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from inferscale_memory.fields import FactCount
+from inferscale_memory.server.schemas import MAX_K
 from inferscale_memory.store import Fact, ScoredFact
 
 MAX_BATCH = 1000
@@ -64,7 +66,7 @@ class SearchMemoriesRequest(BaseModel):
 
     user_id: str | None = None
     query: str = Field(min_length=1, max_length=65536)
-    k: int = Field(10, ge=1, le=1024)
+    k: Annotated[FactCount, Field(le=MAX_K)] = 10
 
 
 class UpdateMemoryRequest(BaseModel):

@@ -17,10 +17,24 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from inferscale_memory.fields import (
+    FactCount,
+    FactOrder,
+    MaxTokens,
+    Mode,
+    Penalty,
+    RecomputeTail,
+    Seed,
+    Stop,
+    Temperature,
+    TopK,
+    TopP,
+)
+
+# The server's own limits, over the engine's rules (the field types).
 MAX_K = 1024
 MAX_MESSAGES = 1024
-SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
-StopString = Annotated[str, Field(min_length=1, max_length=256)]
+MAX_ANSWER_TOKENS = 1_000_000
 
 
 class ErrorDetail(BaseModel):
@@ -78,10 +92,10 @@ class MemoryOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    k: int | None = Field(None, ge=1, le=MAX_K)
-    mode: Literal["kv", "text", "off"] = "kv"
-    fact_order: Literal["rank", "time"] | None = None
-    recompute_tail: int | None = Field(None, ge=0, le=MAX_K)
+    k: Annotated[FactCount, Field(le=MAX_K)] | None = None
+    mode: Mode | Literal["off"] = "kv"
+    fact_order: FactOrder | None = None
+    recompute_tail: Annotated[RecomputeTail, Field(le=MAX_K)] | None = None
 
 
 class StreamOptions(BaseModel):
@@ -99,15 +113,15 @@ class ChatCompletionRequest(BaseModel):
 
     model: str = Field(max_length=512)
     messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
-    max_tokens: int | None = Field(None, ge=1, le=1_000_000)
-    max_completion_tokens: int | None = Field(None, ge=1, le=1_000_000)
-    temperature: float | None = Field(None, ge=0, le=2)
-    top_p: float | None = Field(None, gt=0, le=1)
-    top_k: int | None = Field(None, ge=0, description="vLLM's extension (0: every token)")
-    presence_penalty: float | None = Field(None, ge=-2, le=2)
-    frequency_penalty: float | None = Field(None, ge=-2, le=2)
-    stop: StopString | Annotated[list[StopString], Field(max_length=16)] | None = None
-    seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
+    max_tokens: Annotated[MaxTokens, Field(le=MAX_ANSWER_TOKENS)] | None = None
+    max_completion_tokens: Annotated[MaxTokens, Field(le=MAX_ANSWER_TOKENS)] | None = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    top_k: TopK | None = Field(None, description="vLLM's extension (0: every token)")
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    stop: Stop | None = None
+    seed: Seed | None = None
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
     ignore_eos: bool = Field(False, description="vLLM's extension: generate max_tokens "

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from inferscale_memory.errors import ConfigError, InvalidInputError, StoreError
+from inferscale_memory.fields import FactCount, check, unicode_text
 from inferscale_memory.store.index import normalize_rows
 
 if TYPE_CHECKING:
@@ -26,19 +27,6 @@ logger = logging.getLogger(__name__)
 MAX_USER_ID_CHARS = 128
 MAX_METADATA_CHARS = 65536
 MAX_METADATA_DEPTH = 100
-
-
-def unicode_text(value: str, name: str) -> str:
-    """Check that ``value`` is valid Unicode: no lone surrogates, which UTF-8 (SQLite,
-    tokenizers, JSON responses) cannot encode."""
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise InvalidInputError(
-            f"{name} holds a lone surrogate ({value[exc.start]!r} at position {exc.start}); "
-            "send valid Unicode text"
-        ) from None
-    return value
 
 
 def user_id(value: Any) -> str:
@@ -93,9 +81,7 @@ def query(value: Any) -> str:
 
 def positive_int(value: Any, name: str = "k") -> int:
     """Check an int >= 1 such as ``k``."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InvalidInputError(f"{name} must be an integer >= 1; got {value!r}")
-    return value
+    return int(check(FactCount, value, name))
 
 
 def metadata(value: Any) -> dict[str, Any]:

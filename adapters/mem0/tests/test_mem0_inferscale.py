@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -113,8 +112,8 @@ def test_capture_context_comes_from_mem0s_own_store(memory: Memory, engine: Memo
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     # The default quality policy captures each fact after its nearest facts. A Mem0 user
     # is unknown to the engine's own store: the neighbours come from Mem0's vector store.
-    monkeypatch.setattr(engine, "config", dataclasses.replace(
-        engine.config, capture_context=2, capture_context_from="similar", recompute_tail=0))
+    monkeypatch.setattr(engine, "config", engine.config.replace(
+        capture_context=2, capture_context_from="similar", recompute_tail=0))
     user = "m0-context"
     texts = ["Mina grows tomatoes on her balcony.", "Mina's tomatoes won a prize in 2023.",
              "Mina works as a nurse in Leeds."]

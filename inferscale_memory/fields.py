@@ -1,0 +1,107 @@
+"""The types of the settings and arguments that several parts check: each rule once.
+
+The config (:class:`~inferscale_memory.MemoryConfig`), the chat options
+(:mod:`inferscale_memory.options`), the engine's per-call arguments, the store's checks and
+the server's request schemas all take their fields from here, so that what ``fact_order``
+may be, how high ``top_p`` goes or what valid Unicode is cannot drift apart between them.
+
+Example:
+    >>> check(FactOrder, "time", "fact_order")
+    'time'
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Annotated, Any, Literal, get_args
+
+from pydantic import AfterValidator, ConfigDict, Field, Strict, TypeAdapter, ValidationError
+
+from inferscale_memory.errors import InvalidInputError
+
+# -- memory: how an answer uses the user's facts ---------------------------------------------
+
+FactOrder = Literal["rank", "time"]  # best-ranked fact last, or oldest first
+ContextSource = Literal["recent", "similar"]  # which earlier facts a capture attends to
+IndexBackend = Literal["exact", "qdrant"]
+Mode = Literal["kv", "text"]  # inject the facts' KV, or prefill the same tokens as text
+FACT_ORDERS: tuple[str, ...] = get_args(FactOrder)
+CONTEXT_SOURCES: tuple[str, ...] = get_args(ContextSource)
+INDEX_BACKENDS: tuple[str, ...] = get_args(IndexBackend)
+MODES: tuple[str, ...] = get_args(Mode)
+MAX_CAPTURE_CONTEXT = 32
+
+FactCount = Annotated[int, Field(ge=1)]  # k: facts retrieved per answer
+RecomputeTail = Annotated[int, Field(ge=0)]  # facts at the span's end computed from text
+CaptureContext = Annotated[int, Field(ge=0, le=MAX_CAPTURE_CONTEXT)]
+
+# -- generation: what vLLM's engine core can decode (a wrong type there stops its thread) --
+
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # what vLLM's seeded generators accept
+MAX_STOPS = 16
+MAX_STOP_CHARS = 256
+
+MaxTokens = Annotated[int, Field(ge=1)]
+Temperature = Annotated[float, Field(ge=0, le=2, allow_inf_nan=False)]
+TopP = Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]
+TopK = Annotated[int, Field(ge=0)]  # 0: every token, as vLLM
+Penalty = Annotated[float, Field(ge=-2, le=2, allow_inf_nan=False)]
+Seed = Annotated[int, Field(ge=SEED_MIN, le=SEED_MAX)]
+Logprobs = Annotated[int, Field(ge=0)]  # the engine's max_logprobs bounds it
+
+
+def unicode_text(value: str, name: str = "the text") -> str:
+    """Check that ``value`` is valid Unicode: no lone surrogates, which UTF-8 (SQLite,
+    tokenizers, JSON responses) cannot encode.
+
+    Raises:
+        InvalidInputError: ``value`` holds a lone surrogate.
+    """
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidInputError(
+            f"{name} holds a lone surrogate ({value[exc.start]!r} at position {exc.start}); "
+            "send valid Unicode text"
+        ) from None
+    return value
+
+
+UnicodeText = Annotated[str, AfterValidator(unicode_text)]
+StopString = Annotated[UnicodeText, Strict(), Field(min_length=1, max_length=MAX_STOP_CHARS)]
+# A list (or, from Python, a tuple) of stop strings; the strings themselves stay strict.
+Stop = StopString | Annotated[list[StopString], Field(max_length=MAX_STOPS, strict=False)]
+
+
+def describe(exc: ValidationError, name: str | None = None) -> str:
+    """One line per failed field of ``exc``, each naming the field (``name`` for a bare
+    value) and the value it got."""
+    lines = []
+    for error in exc.errors():
+        # A union's branches show up in the location as their schema; only names and
+        # indices say where the value is.
+        parts = [str(part) for part in error["loc"]
+                 if isinstance(part, int) or part.isidentifier()]
+        loc = ".".join(([name] if name else []) + parts)
+        message = error["msg"].removeprefix("Value error, ")
+        got = "" if error["type"] == "value_error" else f"; got {error['input']!r:.80}"
+        lines.append(f"{loc}: {message}{got}" if loc else message)
+    return "; ".join(dict.fromkeys(lines))
+
+
+def check(kind: Any, value: Any, name: str) -> Any:
+    """Check ``value`` against the type ``kind`` strictly (no ``"1"`` for ``1``, no ``True``
+    for an int) and return it.
+
+    Raises:
+        InvalidInputError: ``value`` is not a ``kind``; the message names ``name``.
+    """
+    try:
+        return _adapter(kind).validate_python(value)
+    except ValidationError as exc:
+        raise InvalidInputError(describe(exc, name)) from None
+
+
+@functools.cache
+def _adapter(kind: Any) -> TypeAdapter[Any]:
+    return TypeAdapter(kind, config=ConfigDict(strict=True))

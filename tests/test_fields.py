@@ -1,0 +1,97 @@
+"""The shared field types (no engine): the config, the engine's per-call checks, the chat
+options and the server's request schemas take each rule from one place, so they accept and
+refuse the same values."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from inferscale_memory import ConfigError, InvalidInputError, MemoryConfig
+from inferscale_memory.fields import (
+    FACT_ORDERS,
+    FactCount,
+    FactOrder,
+    RecomputeTail,
+    Temperature,
+    UnicodeText,
+    check,
+    unicode_text,
+)
+from inferscale_memory.layout import validate_messages
+from inferscale_memory.options import check_options
+from inferscale_memory.server.schemas import ChatCompletionRequest, MemoryOptions
+
+QUALITY = [
+    ("fact_order", FactOrder, "time", ["random", 1, None, "RANK"]),
+    ("recompute_tail", RecomputeTail, 2, [-1, 1.5, True]),
+    ("k", FactCount, 3, [0, -2, True, 2.5]),
+]
+
+
+@pytest.mark.parametrize(("name", "kind", "good", "bad"), QUALITY, ids=[q[0] for q in QUALITY])
+def test_config_engine_and_server_share_a_rule(name: str, kind: Any, good: Any,
+                                               bad: list[Any]) -> None:
+    assert getattr(MemoryConfig.from_dict({name: good}), name) == good
+    assert check(kind, good, name) == good
+    assert getattr(MemoryOptions(**{name: good}), name) == good
+    for value in bad:
+        with pytest.raises(ConfigError, match=name):
+            MemoryConfig.from_dict({name: value})
+        with pytest.raises(InvalidInputError, match=name):
+            check(kind, value, name)
+        if value is not None:  # None is the server's "engine default"
+            with pytest.raises(ValidationError):
+                MemoryOptions(**{name: value})
+
+
+def test_fact_orders_are_the_literal() -> None:
+    assert FACT_ORDERS == ("rank", "time")
+    for order in FACT_ORDERS:
+        assert MemoryConfig.from_dict({"fact_order": order}).fact_order == order
+
+
+SAMPLING = [
+    ("temperature", 0.7, [-0.1, 2.5, math.nan, math.inf, True, "1"]),
+    ("top_p", 1, [0, 1.5, math.nan, "0.9"]),
+    ("top_k", 40, [-2, 4.0, True]),
+    ("presence_penalty", -1.5, [2.5, -3, "1"]),
+    ("seed", 2**64 - 1, [2**64, -(2**63) - 1, 1.5, "x"]),
+    ("stop", ["END"], ["", [""], [5], ["y" * 257], ["x"] * 17, ["\ud800"]]),
+]
+
+
+@pytest.mark.parametrize(("name", "good", "bad"), SAMPLING, ids=[s[0] for s in SAMPLING])
+def test_chat_options_and_the_server_schema_share_a_rule(name: str, good: Any,
+                                                         bad: list[Any]) -> None:
+    request = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    assert check_options({name: good}, default_max_tokens=8)[name] == good
+    assert getattr(ChatCompletionRequest(**request, **{name: good}), name) == good
+    for value in bad:
+        with pytest.raises(InvalidInputError, match=name):
+            check_options({name: value}, default_max_tokens=8)
+        with pytest.raises(ValidationError):
+            ChatCompletionRequest(**request, **{name: value})
+
+
+def test_one_unicode_check_names_the_place() -> None:
+    assert unicode_text("Zoë 🐈", "x") == "Zoë 🐈"
+    with pytest.raises(InvalidInputError, match=r"the query holds a lone surrogate .* 3"):
+        unicode_text("abc\udc80", "the query")
+    with pytest.raises(InvalidInputError, match="message 0: content holds a lone surrogate"):
+        validate_messages([{"role": "user", "content": "\ud800"}])
+    with pytest.raises(InvalidInputError, match=r"stop\.1: the text holds a lone surrogate"):
+        check_options({"stop": ["ok", "\ud800"]}, default_max_tokens=8)
+
+
+def test_check_is_strict_and_names_the_value() -> None:
+    assert check(Temperature, 1, "temperature") == 1.0
+    with pytest.raises(InvalidInputError, match=r"^k: .*greater than or equal to 1; got 0$"):
+        check(FactCount, 0, "k")
+    with pytest.raises(InvalidInputError, match=r"fact_order: .*got 'fast'"):
+        check(FactOrder, "fast", "fact_order")
+    with pytest.raises(InvalidInputError, match="^a fact's text: .*valid string; got 5$"):
+        check(UnicodeText, 5, "a fact's text")
