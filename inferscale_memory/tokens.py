@@ -47,21 +47,21 @@ class TokenRequest:
 
 
 class TokenFacts:
-    """One tenant's facts given as token ids, after a fixed header.
+    """One user's facts given as token ids, after a fixed header.
 
     Args:
-        tenant: Who owns the facts: a request injects only its own tenant's.
+        user_id: Who owns the facts: a request injects only its own user's.
         header_ids: The tokens every prompt starts with (captured with each fact, and
             injected, shared, with every prompt).
         layout: Names the layout in the prefix-cache salt and the header's pool entry;
             prompts of one layout reuse each other's cached blocks.
     """
 
-    def __init__(self, tenant: str, header_ids: Sequence[int], *,
+    def __init__(self, user_id: str, header_ids: Sequence[int], *,
                  layout: str = "tokens") -> None:
-        if not isinstance(tenant, str) or not tenant:
-            raise InvalidInputError("tenant must be a non-empty string")
-        self.tenant = tenant
+        if not isinstance(user_id, str) or not user_id:
+            raise InvalidInputError("user_id must be a non-empty string")
+        self.user_id = user_id
         self.layout = layout
         self.header_ids = _ids(header_ids, "header_ids")
         self._header = FactKey(SHARED_NS, f"header:{layout}")
@@ -72,7 +72,7 @@ class TokenFacts:
         h = len(self.header_ids)
         spans = (Span(self._header, 0, h), Span(self._key(fact_id), h, h + len(ids)))
         return TokenRequest(self.header_ids + ids,
-                            RequestParams(self.tenant, self.layout, capture=spans))
+                            RequestParams(self.user_id, self.layout, capture=spans))
 
     def prompt(self, facts: Sequence[tuple[str, Sequence[int]]], question: Sequence[int], *,
                inject: int | None = None) -> TokenRequest:
@@ -93,12 +93,12 @@ class TokenFacts:
                 spans.append(Span(self._key(fact_id), len(ids), len(ids) + len(fact)))
             ids += fact
         ids += _ids(question, "question", empty=True)
-        return TokenRequest(ids, RequestParams(self.tenant, self.layout, inject=tuple(spans)))
+        return TokenRequest(ids, RequestParams(self.user_id, self.layout, inject=tuple(spans)))
 
     def _key(self, fact_id: str) -> FactKey:
         if not isinstance(fact_id, str) or not fact_id:
             raise InvalidInputError("a fact id must be a non-empty string")
-        return FactKey(self.tenant, fact_id)
+        return FactKey(self.user_id, fact_id)
 
 
 def _ids(values: Sequence[int], what: str, empty: bool = False) -> list[int]:

@@ -96,7 +96,7 @@ import sys, torch
 sys.path.insert(0, "tests/kv")
 from test_layout import BS, NB, flash_like
 from inferscale_memory.kv import fused
-from inferscale_memory.kv.layout import flat_view, probe_layout
+from inferscale_memory.kv.cache_map import flat_view, probe_cache_map
 from inferscale_memory.kv.rope import RotaryShift
 from inferscale_memory.kv.slab import KVSlab
 
@@ -124,7 +124,7 @@ def caches():
     return out
 
 portable, fusedc = caches(), caches()
-layout = probe_layout(portable[0][0], portable[0][1], BS, H, D)
+layout = probe_cache_map(portable[0][0], portable[0][1], BS, H, D)
 assert fused.available(dev, dtype, dtype, [layout])
 keys, values = slab.gather(rows)
 keys = rope.apply(keys, rope.prepare(deltas, dev))

@@ -58,7 +58,7 @@ def test_bad_input_is_refused_with_a_typed_error(call) -> None:  # type: ignore[
         call(TokenFacts("alice", HEADER))
 
 
-def test_a_tenant_and_a_header_are_required() -> None:
+def test_a_user_id_and_a_header_are_required() -> None:
     with pytest.raises(InvalidInputError):
         TokenFacts("", HEADER)
     with pytest.raises(InvalidInputError):

@@ -1,8 +1,8 @@
 """Worker side of the connector: capture fact KV into the pool, inject it into blocks.
 
 Runs inside each vLLM worker process, next to the paged KV cache. Reads go through the
-layout learned by :func:`~inferscale_memory.kv.layout.probe_layout`; writes go through
-the attention backend's own cache writer, so no layout is assumed anywhere.
+cache map learned by :func:`~inferscale_memory.kv.cache_map.probe_cache_map`; writes go through
+the attention backend's own cache writer, so no memory layout is assumed anywhere.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from inferscale_memory.connector import compat
 from inferscale_memory.connector.params import FactKey
 from inferscale_memory.connector.plan import DEMOTE, PROMOTE, LoadOp, StepPlan, blocks_of
 from inferscale_memory.kv import fused
+from inferscale_memory.kv.cache_map import CacheMap, flat_view, probe_cache_map
 from inferscale_memory.kv.fused import FusedInjector
-from inferscale_memory.kv.layout import CacheLayout, flat_view, probe_layout
 from inferscale_memory.kv.pool import KVPool, PoolEntry
 from inferscale_memory.kv.rope import RotaryShift
 from inferscale_memory.kv.slab import KVSlab, SlabFullError
@@ -37,7 +37,7 @@ TIMING_ENV = "INFERSCALE_CONNECTOR_TIMING"
 class _Layer:
     name: str
     flat: torch.Tensor  # 1-D view of this layer's cache
-    layout: CacheLayout
+    cache_map: CacheMap
     write: Any  # compat.cache_writer
 
 
@@ -47,7 +47,7 @@ class _Capture:
 
     slots: torch.Tensor
     kv: list[torch.Tensor | None]
-    indices: dict[int, torch.Tensor] = field(default_factory=dict)  # by id(layout)
+    indices: dict[int, torch.Tensor] = field(default_factory=dict)  # by id(cache_map)
 
 
 class WorkerSide:
@@ -70,17 +70,17 @@ class WorkerSide:
         self._timing = os.environ.get(TIMING_ENV) or None
 
     def register(self, kv_caches: dict[str, torch.Tensor]) -> None:
-        """Learn the cache layout of every layer (before any request ran)."""
+        """Learn the cache map of every layer (before any request ran)."""
         names = sorted(kv_caches, key=compat.layer_index)
         modules = compat.attention_layers(self._config, names)
         heads, head_dim = compat.kv_heads_and_dim(self._config)
-        probed: dict[tuple[Any, ...], CacheLayout] = {}
+        probed: dict[tuple[Any, ...], CacheMap] = {}
         for name in names:
             cache = kv_caches[name]
             write = compat.cache_writer(modules[name], cache)
             signature = (tuple(cache.shape), cache.stride(), cache.dtype)
             if signature not in probed:
-                probed[signature] = probe_layout(cache, write, self._block_size, heads, head_dim)
+                probed[signature] = probe_cache_map(cache, write, self._block_size, heads, head_dim)
             self._layers.append(_Layer(name, flat_view(cache), probed[signature], write))
         self._index = {layer.name: i for i, layer in enumerate(self._layers)}
         first = kv_caches[names[0]]
@@ -93,12 +93,12 @@ class WorkerSide:
                                 capacity=min(4096, host_budget), max_capacity=host_budget,
                                 pin_memory=first.is_cuda)
         self._shift = RotaryShift.from_rotary_module(compat.model_rotary_module(head_dim))
-        layouts = [layer.layout for layer in self._layers]
-        if fused.available(first.device, first.dtype, self._slab.data.dtype, layouts):
-            self._fused = FusedInjector([layer.flat for layer in self._layers], layouts[0],
+        cache_maps = [layer.cache_map for layer in self._layers]
+        if fused.available(first.device, first.dtype, self._slab.data.dtype, cache_maps):
+            self._fused = FusedInjector([layer.flat for layer in self._layers], cache_maps[0],
                                         heads, head_dim, self._shift.rotary_dim,
                                         self._shift.is_neox_style)
-        logger.info("inferscale connector: %d layers, layouts probed: %d, loads: %s",
+        logger.info("inferscale connector: %d layers, cache maps probed: %d, loads: %s",
                     len(self._layers), len(probed),
                     "fused Triton kernel" if self._fused else "per-layer cache writes")
 
@@ -243,9 +243,9 @@ class WorkerSide:
                                for op in plan.captures for span in op.spans])
             self._capture = _Capture(slots.to(layer.flat.device), [None] * len(self._layers))
         capture = self._capture
-        indices = capture.indices.get(id(layer.layout))
+        indices = capture.indices.get(id(layer.cache_map))
         if indices is None:
-            indices = capture.indices[id(layer.layout)] = layer.layout.indices(capture.slots)
+            indices = capture.indices[id(layer.cache_map)] = layer.cache_map.indices(capture.slots)
         capture.kv[layer_id] = layer.flat[indices]  # [2, n, heads, head_dim]
 
     def finish_save(self, plan: StepPlan) -> None:

@@ -1,1 +1,1 @@
-"""Device-side pieces of the KV path: RoPE shifts, cache-layout probing, the KV pool."""
+"""Device-side pieces of the KV path: RoPE shifts, cache-map probing, the KV pool."""

@@ -6,7 +6,7 @@ writer once per layer: a few kernels and temporary tensors per layer. On CUDA th
 does it all at once: each program takes one token of one layer, reads its K and V from
 the slab, rotates K by the token's position delta (cos/sin precomputed by
 :class:`~inferscale_memory.kv.rope.RotaryShift`, so both paths use the same angles) and
-stores both into the layer's cache at the flat offsets the layout probe learned. Tokens
+stores both into the layer's cache at the flat offsets the cache-map probe learned. Tokens
 whose delta is 0 are copied bit for bit.
 
 Runs under ``TRITON_INTERPRET=1`` on CPU tensors too, which is how it is tested without a
@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 import torch
 
-from inferscale_memory.kv.layout import CacheLayout
+from inferscale_memory.kv.cache_map import CacheMap
 from inferscale_memory.kv.rope import Rotation
 
 try:
@@ -35,11 +35,11 @@ FUSED_ENV = "INFERSCALE_FUSED_INJECT"
 
 
 def available(device: torch.device, cache_dtype: torch.dtype, slab_dtype: torch.dtype,
-              layouts: Sequence[CacheLayout]) -> bool:
-    """Whether the kernel can serve these caches (CUDA, one dtype, one layout, and not
+              cache_maps: Sequence[CacheMap]) -> bool:
+    """Whether the kernel can serve these caches (CUDA, one dtype, one cache map, and not
     turned off by ``INFERSCALE_FUSED_INJECT=0``)."""
     return (triton is not None and device.type == "cuda" and cache_dtype == slab_dtype
-            and len({id(layout) for layout in layouts}) == 1
+            and len({id(cache_map) for cache_map in cache_maps}) == 1
             and os.environ.get(FUSED_ENV, "1") != "0")
 
 
@@ -97,16 +97,16 @@ if triton is not None:
 
 
 class FusedInjector:
-    """The kernel bound to one worker's caches, slab layout and rotary parameters."""
+    """The kernel bound to one worker's caches, slab and rotary parameters."""
 
-    def __init__(self, caches: Sequence[torch.Tensor], layout: CacheLayout, heads: int,
+    def __init__(self, caches: Sequence[torch.Tensor], cache_map: CacheMap, heads: int,
                  head_dim: int, rotary_dim: int, is_neox_style: bool) -> None:
         device = caches[0].device
         self._addrs = torch.tensor([c.data_ptr() for c in caches], dtype=torch.int64,
                                    device=device)
         self._keep = list(caches)  # the addresses are only valid while the caches live
-        self._layout = layout
-        self._offsets = layout.offsets.to(device=device, dtype=torch.int64).contiguous()
+        self._cache_map = cache_map
+        self._offsets = cache_map.offsets.to(device=device, dtype=torch.int64).contiguous()
         self._heads, self._head_dim = heads, head_dim
         self._rot_half, self._neox = rotary_dim // 2, is_neox_style
 
@@ -123,7 +123,7 @@ class FusedInjector:
             moved = rotation.moved
         _inject_kernel[(n, layers)](
             slab, rows, slots, cos, sin, moved, self._addrs, self._offsets,
-            self._layout.block_size, self._layout.block_stride,
+            self._cache_map.block_size, self._cache_map.block_stride,
             slab.stride(0), slab.stride(1), slab.stride(2),
             HEADS=self._heads, HEAD_DIM=self._head_dim,
             HEADS_P2=triton.next_power_of_2(self._heads),

@@ -1,7 +1,7 @@
 """The fused Triton injection kernel writes exactly what the portable path writes.
 
 Runs the kernel in Triton's interpreter on CPU tensors (``TRITON_INTERPRET=1``), over the
-synthetic cache layouts of ``test_layout.py``: for every layout and RoPE style, the
+synthetic cache layouts of ``test_cache_map.py``: for every layout and RoPE style, the
 caches after a fused load equal, bit for bit, the caches after the portable path (slab
 gather, :class:`RotaryShift`, the backend's writer per layer).
 """
@@ -16,7 +16,7 @@ import pytest
 import torch
 from test_layout import BS, NB, cpu_like, cpu_tiled, flash_like, permuted
 
-from inferscale_memory.kv.layout import flat_view, probe_layout
+from inferscale_memory.kv.cache_map import flat_view, probe_cache_map
 from inferscale_memory.kv.rope import RotaryShift
 from inferscale_memory.kv.slab import KVSlab
 
@@ -61,7 +61,7 @@ def test_fused_load_equals_the_portable_path(interpreted: ModuleType, make, rota
 
     portable = [make(dtype) for _ in range(LAYERS)]
     fusedc = [make(dtype) for _ in range(LAYERS)]
-    layout = probe_layout(portable[0][0], portable[0][1], BS, HEADS, DIM)
+    layout = probe_cache_map(portable[0][0], portable[0][1], BS, HEADS, DIM)
 
     keys, values = slab.gather(rows)
     keys = rope.apply(keys, rope.prepare(deltas, torch.device("cpu")))
@@ -82,7 +82,7 @@ def test_fused_load_without_rotation_is_a_bit_copy(interpreted: ModuleType) -> N
     slab = KVSlab(LAYERS, HEADS, DIM, dtype, "cpu", capacity=16)
     slab.data.copy_(torch.randn(slab.data.shape).to(dtype))
     caches = [flash_like(dtype) for _ in range(LAYERS)]
-    layout = probe_layout(caches[0][0], caches[0][1], BS, HEADS, DIM)
+    layout = probe_cache_map(caches[0][0], caches[0][1], BS, HEADS, DIM)
     rows, slots = torch.arange(5), torch.tensor([17, 18, 19, 40, 3])
     injector = interpreted.FusedInjector([flat_view(c) for c, _ in caches], layout, HEADS,
                                          DIM, DIM, True)
@@ -96,11 +96,11 @@ def test_fused_needs_cuda_and_one_layout() -> None:
     from inferscale_memory.kv import fused
 
     cache, write = flash_like(torch.bfloat16)
-    layout = probe_layout(cache, write, BS, HEADS, DIM)
+    layout = probe_cache_map(cache, write, BS, HEADS, DIM)
     cpu = torch.device("cpu")
     assert not fused.available(cpu, torch.bfloat16, torch.bfloat16, [layout])
     cuda = torch.device("cuda")
     assert fused.available(cuda, torch.bfloat16, torch.bfloat16, [layout, layout])
     assert not fused.available(cuda, torch.float8_e4m3fn, torch.bfloat16, [layout])
-    other = probe_layout(*cpu_like(torch.bfloat16), BS, HEADS, DIM)
+    other = probe_cache_map(*cpu_like(torch.bfloat16), BS, HEADS, DIM)
     assert not fused.available(cuda, torch.bfloat16, torch.bfloat16, [layout, other])

@@ -1,8 +1,8 @@
 """Learning where vLLM's attention backend puts each K/V element, without assuming it.
 
-Cache layouts differ between backends and versions (the CPU backend stores keys
+Cache memory layouts differ between backends and versions (the CPU backend stores keys
 transposed inside ISA-dependent tiles; FlashAttention packs K and V differently). Instead
-of hard-coding any of them, :func:`probe_layout` writes a coded pattern through the
+of hard-coding any of them, :func:`probe_cache_map` writes a coded pattern through the
 backend's *own* cache writer into two free blocks and reads back where every element
 landed. The result maps (token in block, head, dim) to a flat offset, for K and for V.
 """
@@ -21,7 +21,7 @@ EXACT_INTS = 256  # integers 1..256 are exact in fp16, bf16 and fp32
 
 
 @dataclass(frozen=True)
-class CacheLayout:
+class CacheMap:
     """Where the K and V of any slot live in the flat storage of one layer's cache.
 
     Attributes:
@@ -46,13 +46,13 @@ def flat_view(kv_cache: torch.Tensor) -> torch.Tensor:
     order = sorted(range(kv_cache.dim()), key=lambda d: kv_cache.stride(d), reverse=True)
     dense = kv_cache.permute(order)
     if not dense.is_contiguous():
-        raise ValueError("the KV cache is not a dense tensor; its layout cannot be probed")
+        raise ValueError("the KV cache is not a dense tensor; its memory layout cannot be probed")
     return dense.reshape(-1)
 
 
-def probe_layout(kv_cache: torch.Tensor, write: CacheWriter, block_size: int,
-                 num_heads: int, head_dim: int) -> CacheLayout:
-    """Find the layout by writing element codes into blocks 1 and 2 of an unused cache.
+def probe_cache_map(kv_cache: torch.Tensor, write: CacheWriter, block_size: int,
+                    num_heads: int, head_dim: int) -> CacheMap:
+    """Find the cache map by writing element codes into blocks 1 and 2 of an unused cache.
 
     Must run before the engine serves requests: it overwrites and then zeroes the cache.
     """
@@ -61,10 +61,10 @@ def probe_layout(kv_cache: torch.Tensor, write: CacheWriter, block_size: int,
     offsets_2 = _probe_block(flat, kv_cache, write, 2, block_size, num_heads, head_dim)
     strides = (offsets_2 - offsets_1).unique()
     if strides.numel() != 1:
-        raise ValueError("KV cache blocks are not evenly strided; layout not supported")
+        raise ValueError("KV cache blocks are not evenly strided; not supported")
     stride = int(strides.item())
     offsets = (offsets_1 - stride).view(2, block_size, num_heads, head_dim)
-    return CacheLayout(block_size, stride, offsets.to(kv_cache.device))
+    return CacheMap(block_size, stride, offsets.to(kv_cache.device))
 
 
 def _probe_block(flat: torch.Tensor, kv_cache: torch.Tensor, write: CacheWriter, block: int,

@@ -1,4 +1,4 @@
-"""probe_layout learns where a cache writer puts each K/V element, whatever the layout.
+"""probe_cache_map learns where a cache writer puts each K/V element, whatever the layout.
 
 Synthetic writers mimic the real layouts (FlashAttention's K/V planes, the CPU backend's
 transposed and tiled K, a permuted non-contiguous view); the last tests use vLLM's own
@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from inferscale_memory.kv.layout import CacheLayout, flat_view, probe_layout
+from inferscale_memory.kv.cache_map import CacheMap, flat_view, probe_cache_map
 
 NB, BS, H, D = 6, 16, 2, 8
 Writer = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]
@@ -80,7 +80,7 @@ def random_rows(n: int, heads: int, dim: int, dtype: torch.dtype,
             torch.randn(n, heads, dim, generator=g).to(dtype))
 
 
-def check_reads_back(cache: torch.Tensor, write: Writer, layout: CacheLayout, heads: int,
+def check_reads_back(cache: torch.Tensor, write: Writer, layout: CacheMap, heads: int,
                      dim: int, num_slots: int, seed: int) -> None:
     flat = flat_view(cache)
     g = torch.Generator().manual_seed(seed)
@@ -102,7 +102,7 @@ def check_reads_back(cache: torch.Tensor, write: Writer, layout: CacheLayout, he
 def test_indices_return_the_rows_written(make: Callable[..., tuple[torch.Tensor, Writer]],
                                          dtype: torch.dtype) -> None:
     cache, write = make(dtype)
-    layout = probe_layout(cache, write, BS, H, D)
+    layout = probe_cache_map(cache, write, BS, H, D)
     assert not cache.any()  # the probe leaves the cache zeroed
     assert layout.block_size == BS
     assert layout.offsets.shape == (2, BS, H, D)
@@ -115,7 +115,7 @@ def test_indices_return_the_rows_written(make: Callable[..., tuple[torch.Tensor,
 
 def test_flash_and_cpu_layouts_differ() -> None:
     # guards against a probe that ignores the writer
-    offsets = [probe_layout(*make(torch.float32), BS, H, D).offsets for make in WRITERS]
+    offsets = [probe_cache_map(*make(torch.float32), BS, H, D).offsets for make in WRITERS]
     assert not torch.equal(offsets[0], offsets[1])
     assert not torch.equal(offsets[1], offsets[2])
 
@@ -142,7 +142,7 @@ def test_probe_refuses_a_writer_that_drops_values() -> None:
         write(k, torch.zeros_like(v), slots)
 
     with pytest.raises(ValueError, match="one element per K/V value"):
-        probe_layout(cache, keys_only, BS, H, D)
+        probe_cache_map(cache, keys_only, BS, H, D)
     assert not cache.any()
 
 
@@ -156,7 +156,7 @@ def test_probe_refuses_blocks_that_are_not_evenly_strided() -> None:
               slots)
 
     with pytest.raises(ValueError, match="evenly strided"):
-        probe_layout(cache, swapping, BS, H, D)
+        probe_cache_map(cache, swapping, BS, H, D)
 
 
 # -- vLLM's real CPU cache kernel -------------------------------------------------------
@@ -198,7 +198,7 @@ def test_real_cpu_kernel_layout(dtype: torch.dtype) -> None:
     for isa in real_isas(dtype):
         cache = torch.zeros(REAL_NB, REAL_H, REAL_BS, 2 * REAL_D, dtype=dtype)
         write = cpu_backend_writer(cache, isa)
-        layout = probe_layout(cache, write, REAL_BS, REAL_H, REAL_D)
+        layout = probe_cache_map(cache, write, REAL_BS, REAL_H, REAL_D)
         assert not cache.any()
         assert layout.block_stride == REAL_H * REAL_BS * 2 * REAL_D
         check_reads_back(cache, write, layout, REAL_H, REAL_D, REAL_NB * REAL_BS, seed=7)
