@@ -94,7 +94,7 @@ def test_a_fact_demoted_to_host_memory_is_promoted_and_injected_exactly(
 FUSED_CHECK = """
 import sys, torch
 sys.path.insert(0, "tests/kv")
-from test_layout import BS, NB, flash_like
+from test_cache_map import BS, NB, flash_like
 from inferscale_memory.kv import fused
 from inferscale_memory.kv.cache_map import flat_view, probe_cache_map
 from inferscale_memory.kv.rope import RotaryShift

@@ -1,12 +1,13 @@
-"""The worker-resident KV pool: which facts are stored where, least recently used first.
+"""The worker-resident KV pool: which facts are stored where.
 
 The KV itself lives in a :class:`~inferscale_memory.kv.slab.KVSlab`; an entry names its
 rows. Keys are kept as captured (rotated at their capture positions, see :mod:`.rope`).
+Which facts stay is decided by the scheduler side's registry
+(:mod:`inferscale_memory.connector.registry`); the pool keeps no eviction order of its own.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -29,11 +30,10 @@ class PoolEntry:
 
 
 class KVPool(Generic[K]):
-    """Fact KV entries, least recently used first."""
+    """Fact KV entries by key."""
 
     def __init__(self) -> None:
-        self._entries: OrderedDict[K, PoolEntry] = OrderedDict()
-        self.nbytes = 0
+        self._entries: dict[K, PoolEntry] = {}
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -41,24 +41,13 @@ class KVPool(Generic[K]):
     def __contains__(self, key: object) -> bool:
         return key in self._entries
 
-    def lru_order(self) -> list[K]:
-        """The keys, least recently used first."""
-        return list(self._entries)
-
     def put(self, key: K, entry: PoolEntry) -> None:
         self.evict(key)
         self._entries[key] = entry
-        self.nbytes += entry.nbytes
 
     def get(self, key: K) -> PoolEntry | None:
-        entry = self._entries.get(key)
-        if entry is not None:
-            self._entries.move_to_end(key)
-        return entry
+        return self._entries.get(key)
 
     def evict(self, key: K) -> bool:
         entry = self._entries.pop(key, None)
-        if entry is None:
-            return False
-        self.nbytes -= entry.nbytes
-        return True
+        return entry is not None

@@ -120,13 +120,6 @@ class KVSlab:
             start = self._free.pop(i)[0]
         self._free.insert(i, (start, end - start))
 
-    def write(self, offset: int, keys: torch.Tensor, values: torch.Tensor) -> None:
-        """Store ``[layers, n, heads, head_dim]`` K and V at rows ``offset..offset+n``."""
-        n = keys.shape[1]
-        rows = self.data[offset:offset + n]
-        rows[:, :, 0] = keys.transpose(0, 1)
-        rows[:, :, 1] = values.transpose(0, 1)
-
     def write_rows(self, rows: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
         """Store ``[layers, n, heads, head_dim]`` K and V at any ``rows`` ``[n]``."""
         self.data[rows] = torch.stack((keys, values), dim=2).transpose(0, 1)

@@ -14,7 +14,7 @@ from types import ModuleType
 
 import pytest
 import torch
-from test_layout import BS, NB, cpu_like, cpu_tiled, flash_like, permuted
+from test_cache_map import BS, NB, cpu_like, cpu_tiled, flash_like, permuted
 
 from inferscale_memory.kv.cache_map import flat_view, probe_cache_map
 from inferscale_memory.kv.rope import RotaryShift

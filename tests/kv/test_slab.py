@@ -18,7 +18,7 @@ def test_rows_are_reused_and_grow_keeps_data() -> None:
     slab = KVSlab(LAYERS, HEADS, HEAD, torch.float32, "cpu", capacity=8)
     first = slab.allocate(5)
     kv = torch.randn(2, LAYERS, 5, HEADS, HEAD)
-    slab.write(first, kv[0], kv[1])
+    slab.write_rows(torch.arange(first, first + kv.shape[2]), kv[0], kv[1])
     second = slab.allocate(6)  # does not fit: the slab doubles, old rows survive
     assert slab.capacity >= 11 and second >= 5
     keys, values = slab.gather(torch.arange(first, first + 5))
@@ -33,8 +33,8 @@ def test_gather_picks_rows_from_several_facts_in_order() -> None:
     slab = KVSlab(LAYERS, HEADS, HEAD, torch.float32, "cpu", capacity=16)
     a, b = slab.allocate(3), slab.allocate(4)
     kv_a, kv_b = torch.randn(2, LAYERS, 3, HEADS, HEAD), torch.randn(2, LAYERS, 4, HEADS, HEAD)
-    slab.write(a, kv_a[0], kv_a[1])
-    slab.write(b, kv_b[0], kv_b[1])
+    slab.write_rows(torch.arange(a, a + kv_a.shape[2]), kv_a[0], kv_a[1])
+    slab.write_rows(torch.arange(b, b + kv_b.shape[2]), kv_b[0], kv_b[1])
     rows = torch.tensor([b + 1, b + 2, a, a + 1, a + 2])
     keys, values = slab.gather(rows)
     assert torch.equal(keys, torch.cat([kv_b[0, :, 1:3], kv_a[0]], dim=1))
@@ -47,7 +47,7 @@ def test_a_layer_gather_is_that_layer_of_the_whole_gather() -> None:
     slab = KVSlab(LAYERS, HEADS, HEAD, torch.float32, "cpu", capacity=16)
     a = slab.allocate(6)
     kv = torch.randn(2, LAYERS, 6, HEADS, HEAD)
-    slab.write(a, kv[0], kv[1])
+    slab.write_rows(torch.arange(a, a + kv.shape[2]), kv[0], kv[1])
     rows = torch.tensor([a + 4, a, a + 2])
     keys, values = slab.gather(rows)
     for layer in range(LAYERS):
