@@ -22,7 +22,8 @@ from typing import Any
 from inferscale_memory.errors import ConfigError
 
 ENV_PREFIX = "INFERSCALE_"
-INDEX_BACKENDS = ("exact", "qdrant")
+INDEX_BACKENDS = ("exact", "qdrant", "hnsw")
+STORES = ("sqlite", "postgres")
 FACT_ORDERS = ("rank", "time")
 CONTEXT_SOURCES = ("recent", "similar")
 # The fields of the answer-quality policy (docs/quality.md).
@@ -80,8 +81,13 @@ class MemoryConfig:
             processes' prints) on the terminal. ``False`` (the default) keeps it in a log
             file that is removed when the engine closes cleanly; this process then shows
             vLLM's errors only (:mod:`inferscale_memory.vllm_log`).
+        store: Where facts live: ``"sqlite"`` (``store_path``, one machine) or
+            ``"postgres"`` (``postgres_url``, shared by engine replicas; docs/scaling.md).
+        postgres_url: The PostgreSQL database (with pgvector) of ``store="postgres"``, e.g.
+            ``"postgresql://user:secret@db:5432/memory"``.
         index: Vector index of the store: ``"exact"`` (in-process numpy, rebuilt from the
-            SQLite file on open) or ``"qdrant"``.
+            SQLite file on open; with PostgreSQL, an exact pgvector search in SQL),
+            ``"hnsw"`` (PostgreSQL only: a pgvector HNSW index) or ``"qdrant"``.
         qdrant_path: Folder of an embedded Qdrant (``index="qdrant"``), or ``":memory:"``.
             ``None`` (and no ``qdrant_url``) means ``<store file>.qdrant``, or ``":memory:"``
             for a ``":memory:"`` store.
@@ -125,6 +131,8 @@ class MemoryConfig:
     seed: int = 0
     engine_args: dict[str, Any] = field(default_factory=dict)
     vllm_logs: bool = False
+    store: str = "sqlite"
+    postgres_url: str | None = field(default=None, repr=False)  # may hold a password
     index: str = "exact"
     qdrant_path: str | None = None
     qdrant_url: str | None = None
@@ -184,6 +192,15 @@ class MemoryConfig:
              "qdrant_api_key needs qdrant_url (an embedded Qdrant has no keys)"),
             (url is None or url.startswith(("http://", "https://")),
              f"qdrant_url must start with http:// or https://; got {url!r}"),
+            (self.store in STORES, f"store must be one of {STORES}; got {self.store!r}"),
+            (self.store == "postgres" or self.postgres_url is None,
+             "postgres_url set but store is 'sqlite': set store='postgres' "
+             "(INFERSCALE_STORE=postgres) or remove postgres_url"),
+            (self.store != "postgres" or (self.postgres_url or "").startswith(
+                ("postgresql://", "postgres://")),
+             "store='postgres' needs postgres_url='postgresql://user:password@host/db'"),
+            (self.index != "hnsw" or self.store == "postgres",
+             "index='hnsw' is the PostgreSQL store's pgvector index: set store='postgres'"),
             (bool(_COLLECTION_NAME.fullmatch(self.qdrant_collection)),
              "qdrant_collection must be 1-255 letters, digits, '_', '-' or '.'; "
              f"got {self.qdrant_collection!r}"),

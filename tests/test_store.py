@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pg_helpers import needs_postgres, new_database
 
 from inferscale_memory.errors import (
     FactNotFoundError,
@@ -89,8 +90,21 @@ def embedder():
     return default_embedder()
 
 
-@pytest.fixture(params=INDEX_BACKENDS)
+# The store tests run over SQLite with every index, and over PostgreSQL (pgvector search).
+STORE_BACKENDS = [
+    *INDEX_BACKENDS,
+    pytest.param("postgres", id="postgres", marks=needs_postgres),
+    pytest.param("postgres-hnsw", id="postgres-hnsw", marks=needs_postgres),
+]
+
+
+@pytest.fixture(params=STORE_BACKENDS)
 def store(request, tmp_path, embedder):
+    if isinstance(request.param, str):
+        url = new_database(request.getfixturevalue("pg_server"))
+        with MemoryStore(url, embedder, hnsw=request.param.endswith("hnsw")) as s:
+            yield s
+        return
     with request.param() as index, MemoryStore(str(tmp_path / "memory.sqlite"), embedder,
                                                index) as s:
         yield s
