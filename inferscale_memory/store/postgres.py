@@ -6,14 +6,17 @@ connection pool; embeddings are pgvector ``vector`` columns. :class:`PgVectorInd
 searches them in SQL (exact, or HNSW with ``hnsw=True``), the tenant filter in the
 ``WHERE`` clause, so every replica sees a fact the moment its add commits.
 
-The schema is created and migrated by the store: ``schema_version`` holds the version,
-raised one migration at a time under an advisory lock (replicas that open at once do not
-race). Needs the ``postgres`` extra: ``pip install 'inferscale-memory[postgres]'``.
+Texts are UTF-8 ``BYTEA`` and metadata ``JSON`` (not ``TEXT``/``JSONB``): the store accepts
+any valid Unicode, NUL included, which PostgreSQL's text types refuse. The schema is
+created and migrated by the store: ``schema_version`` holds the version, raised one
+migration at a time under an advisory lock (replicas that open at once do not race).
+Needs the ``postgres`` extra: ``pip install 'inferscale-memory[postgres]'``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import re
@@ -39,8 +42,8 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
         """CREATE TABLE facts (
             id TEXT PRIMARY KEY,
             user_id TEXT NOT NULL,
-            text TEXT NOT NULL,
-            metadata JSONB NOT NULL,
+            text BYTEA NOT NULL,
+            metadata JSON NOT NULL,
             embedding vector NOT NULL,
             created_at DOUBLE PRECISION NOT NULL,
             updated_at DOUBLE PRECISION NOT NULL
@@ -51,8 +54,8 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
             fact_id TEXT NOT NULL,
             user_id TEXT NOT NULL,
             event TEXT NOT NULL CHECK (event IN ('ADD', 'UPDATE', 'DELETE')),
-            old_text TEXT,
-            new_text TEXT,
+            old_text BYTEA,
+            new_text BYTEA,
             at DOUBLE PRECISION NOT NULL
         )""",
         "CREATE INDEX history_by_fact ON history (fact_id, seq)",
@@ -61,7 +64,8 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
     ),
 }
 
-_FACT_COLS = "id, user_id, text, metadata, created_at, updated_at"
+_FACT_COLS = "id, user_id, text, metadata::text, created_at, updated_at"
+_INSERT_COLS = "id, user_id, text, metadata, created_at, updated_at"
 
 
 def is_postgres_url(value: Any) -> bool:
@@ -75,45 +79,65 @@ def redact(url: str) -> str:
 
 
 def _to_fact(row: Sequence[Any]) -> Fact:
-    # JSONB gives dicts back already; a copy through json keeps them plain JSON values.
-    return Fact(row[0], row[1], row[2], json.loads(json.dumps(row[3])), row[4], row[5])
+    return Fact(row[0], row[1], _text(row[2]) or "", json.loads(row[3]), row[4], row[5])
+
+
+def _text(value: bytes | None) -> str | None:
+    return None if value is None else bytes(value).decode("utf-8")
+
+
+def _bytes(value: str | None) -> bytes | None:
+    return None if value is None else value.encode("utf-8")
+
+
+def _storable(fact_id: str) -> bool:
+    """Whether a fact id can be sent at all: ids are hex, and PostgreSQL's text refuses NUL
+    (an id holding one names no fact, as an unknown id does)."""
+    return "\x00" not in fact_id
 
 
 def _vec(vector: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(vector, dtype=np.float32)
 
 
-def _imports() -> tuple[Any, Any, Any, Any]:
+def _imports() -> tuple[Any, Any, Any]:
     try:
         import psycopg
         from pgvector.psycopg import register_vector
-        from psycopg.types.json import Jsonb
         from psycopg_pool import ConnectionPool
     except ImportError as exc:
         raise MissingDependencyError(
             "store='postgres' needs psycopg, psycopg-pool and pgvector: "
             "pip install 'inferscale-memory[postgres]'"
         ) from exc
-    return psycopg, register_vector, Jsonb, ConnectionPool
+    return psycopg, register_vector, ConnectionPool
+
+
+def _configure(register_vector: Any, conn: Any) -> None:
+    """Set up a new pool connection: the vector type, and commits that wait for the disk
+    (whatever the server's default: an acknowledged write must survive a crash of it)."""
+    register_vector(conn)
+    conn.execute("SET synchronous_commit = on")
 
 
 class PgTx:
     """The write operations of one open transaction (see :meth:`PostgresFactDB.transaction`)."""
 
-    def __init__(self, conn: Any, jsonb: Any) -> None:
+    def __init__(self, conn: Any) -> None:
         self._conn = conn
-        self._jsonb = jsonb
 
     def _history(self, fact: Fact, event: str, old: str | None, new: str | None, at: float) -> None:
         self._conn.execute(
             "INSERT INTO history (fact_id, user_id, event, old_text, new_text, at)"
             " VALUES (%s, %s, %s, %s, %s, %s)",
-            (fact.id, fact.user_id, event, old, new, at),
+            (fact.id, fact.user_id, event, _bytes(old), _bytes(new), at),
         )
 
     def get(self, fact_id: str, user_id: str) -> Fact | None:
         """Return the fact if it is ``user_id``'s, locked until the transaction ends (so
         two replicas that change one fact at once take turns), or ``None``."""
+        if not _storable(fact_id):
+            return None
         row = self._conn.execute(
             f"SELECT {_FACT_COLS} FROM facts WHERE id = %s AND user_id = %s FOR UPDATE",
             (fact_id, user_id),
@@ -121,27 +145,36 @@ class PgTx:
         return None if row is None else _to_fact(row)
 
     def insert(self, facts: Sequence[Fact], embeddings: np.ndarray) -> None:
-        """Insert new facts with their embeddings, register their users, log ADD."""
-        for fact, vec in zip(facts, embeddings, strict=True):
-            self._conn.execute(
-                f"INSERT INTO facts ({_FACT_COLS}, embedding)"
+        """Insert new facts with their embeddings, register their users, log ADD.
+
+        Each statement goes once for the whole batch (psycopg pipelines ``executemany``),
+        so a batch of n facts costs a few round trips, not 3n."""
+        facts = list(facts)
+        with self._conn.cursor() as cur:
+            cur.executemany(
+                f"INSERT INTO facts ({_INSERT_COLS}, embedding)"
                 " VALUES (%s, %s, %s, %s, %s, %s, %b)",
-                (fact.id, fact.user_id, fact.text, self._jsonb(fact.metadata),
-                 fact.created_at, fact.updated_at, _vec(vec)),
+                [(f.id, f.user_id, _bytes(f.text), json.dumps(f.metadata), f.created_at,
+                  f.updated_at, _vec(vec)) for f, vec in zip(facts, embeddings, strict=True)],
             )
-            self._conn.execute(
+            cur.executemany(
                 "INSERT INTO users (user_id, created_at) VALUES (%s, %s)"
                 " ON CONFLICT (user_id) DO NOTHING",
-                (fact.user_id, fact.created_at),
+                sorted({f.user_id: (f.user_id, f.created_at) for f in facts[::-1]}.values()),
             )
-            self._history(fact, "ADD", None, fact.text, fact.created_at)
+            cur.executemany(
+                "INSERT INTO history (fact_id, user_id, event, old_text, new_text, at)"
+                " VALUES (%s, %s, 'ADD', NULL, %s, %s)",
+                [(f.id, f.user_id, _bytes(f.text), f.created_at) for f in facts],
+            )
 
     def update(self, old: Fact, new: Fact, embedding: np.ndarray) -> None:
         """Replace a fact's text, metadata and embedding; log UPDATE."""
         self._conn.execute(
             "UPDATE facts SET text = %s, metadata = %s, embedding = %b, updated_at = %s"
             " WHERE id = %s",
-            (new.text, self._jsonb(new.metadata), _vec(embedding), new.updated_at, new.id),
+            (_bytes(new.text), json.dumps(new.metadata), _vec(embedding), new.updated_at,
+             new.id),
         )
         self._history(new, "UPDATE", old.text, new.text, new.updated_at)
 
@@ -182,7 +215,7 @@ class PostgresFactDB:
     """
 
     def __init__(self, url: str, pool_size: int = 4) -> None:
-        psycopg, register_vector, self._jsonb, pool_cls = _imports()
+        psycopg, register_vector, pool_cls = _imports()
         self.path = redact(url)
         self._lock = threading.RLock()
         self._pool: Any = None
@@ -191,7 +224,8 @@ class PostgresFactDB:
                 conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
                 self._migrate(conn)
             self._pool = pool_cls(url, min_size=1, max_size=pool_size, open=True, timeout=30.0,
-                                  kwargs={"autocommit": True}, configure=register_vector)
+                                  kwargs={"autocommit": True},
+                                  configure=functools.partial(_configure, register_vector))
         except psycopg.Error as exc:
             raise StoreError(
                 f"{self.path} cannot be opened as a fact store ({exc}); check postgres_url, "
@@ -228,7 +262,13 @@ class PostgresFactDB:
     def transaction(self) -> Iterator[PgTx]:
         """Run writes as one transaction: committed (durably) on exit, rolled back on error."""
         with self._lock, self._conn() as conn, conn.transaction():
-            yield PgTx(conn, self._jsonb)
+            yield PgTx(conn)
+
+    @contextlib.contextmanager
+    def copy(self) -> Iterator[PgCopy]:
+        """One transaction of ``migrate-store`` writes (all or nothing)."""
+        with self._lock, self._conn() as conn, conn.transaction():
+            yield PgCopy(conn)
 
     def _all(self, sql: str, args: Sequence[Any] = ()) -> list[Any]:
         with self._conn() as conn:
@@ -236,6 +276,8 @@ class PostgresFactDB:
 
     def get(self, fact_id: str, user_id: str) -> Fact | None:
         """Return the fact if it is ``user_id``'s, or ``None`` (one query for both misses)."""
+        if not _storable(fact_id):
+            return None
         rows = self._all(f"SELECT {_FACT_COLS} FROM facts WHERE id = %s AND user_id = %s",
                          (fact_id, user_id))
         return _to_fact(rows[0]) if rows else None
@@ -243,7 +285,7 @@ class PostgresFactDB:
     def get_many(self, user_id: str, ids: Sequence[str]) -> dict[str, Fact]:
         """Return the facts of ``user_id`` among ``ids``, keyed by id."""
         rows = self._all(f"SELECT {_FACT_COLS} FROM facts WHERE user_id = %s AND id = ANY(%s)",
-                         (user_id, list(ids)))
+                         (user_id, [i for i in ids if _storable(i)]))
         return {r[0]: _to_fact(r) for r in rows}
 
     def list_user(self, user_id: str) -> list[Fact]:
@@ -284,13 +326,16 @@ class PostgresFactDB:
 
     def history(self, fact_id: str, user_id: str) -> list[dict[str, Any]]:
         """Return the events of one fact of one user, oldest first."""
+        if not _storable(fact_id):
+            return []
         rows = self._all(
             "SELECT fact_id, user_id, event, old_text, new_text, at FROM history"
             " WHERE fact_id = %s AND user_id = %s ORDER BY seq",
             (fact_id, user_id),
         )
         keys = ("fact_id", "user_id", "event", "old_text", "new_text", "at")
-        return [dict(zip(keys, r, strict=True)) for r in rows]
+        return [dict(zip(keys, (*r[:3], _text(r[3]), _text(r[4]), r[5]), strict=True))
+                for r in rows]
 
     def get_meta(self, key: str) -> str | None:
         """Return one key of the ``meta`` table, or ``None``."""
@@ -377,3 +422,54 @@ class PgVectorIndex(VectorIndex):
     def count(self, user_id: str) -> int:
         return int(self._db._all("SELECT COUNT(*) FROM facts WHERE user_id = %s",
                                  (user_id,))[0][0])
+
+
+class PgCopy:
+    """The writes of ``migrate-store --to postgres``, in one transaction of the target
+    (see :meth:`PostgresFactDB.copy`); each says whether it changed anything."""
+
+    def __init__(self, conn: Any) -> None:
+        self._conn = conn
+
+    def user(self, user_id: str, created_at: float) -> None:
+        self._conn.execute("INSERT INTO users (user_id, created_at) VALUES (%s, %s)"
+                           " ON CONFLICT (user_id) DO NOTHING", (user_id, created_at))
+
+    def fact(self, fact: Fact, embedding: np.ndarray) -> bool:
+        """Insert the fact, or make the row with its id equal to it; True if written."""
+        row = self._conn.execute(
+            f"INSERT INTO facts ({_INSERT_COLS}, embedding) VALUES (%s, %s, %s, %s, %s, %s, %b)"
+            " ON CONFLICT (id) DO UPDATE SET user_id = excluded.user_id, text = excluded.text,"
+            " metadata = excluded.metadata, embedding = excluded.embedding,"
+            " created_at = excluded.created_at, updated_at = excluded.updated_at"
+            " WHERE (facts.user_id, facts.text, facts.metadata::text, facts.embedding,"
+            " facts.created_at, facts.updated_at) IS DISTINCT FROM (excluded.user_id,"
+            " excluded.text, excluded.metadata::text, excluded.embedding, excluded.created_at,"
+            " excluded.updated_at) RETURNING id",
+            (fact.id, fact.user_id, _bytes(fact.text), json.dumps(fact.metadata),
+             fact.created_at, fact.updated_at, _vec(embedding)),
+        ).fetchone()
+        return row is not None
+
+    def remove(self, fact_id: str) -> bool:
+        """Delete a fact the source deleted; True if it was there."""
+        return self._conn.execute("DELETE FROM facts WHERE id = %s RETURNING id",
+                                  (fact_id,)).fetchone() is not None
+
+    def event(self, event: dict[str, Any]) -> bool:
+        """Append a history event unless an equal one (fact, kind, time) is there."""
+        return self._conn.execute(
+            "INSERT INTO history (fact_id, user_id, event, old_text, new_text, at)"
+            " SELECT %s, %s, %s, %s, %s, %s WHERE NOT EXISTS (SELECT 1 FROM history"
+            " WHERE fact_id = %s AND event = %s AND at = %s) RETURNING seq",
+            (event["fact_id"], event["user_id"], event["event"], _bytes(event["old_text"]),
+             _bytes(event["new_text"]), event["at"], event["fact_id"], event["event"],
+             event["at"]),
+        ).fetchone() is not None
+
+    def meta(self, key: str, value: str) -> str:
+        """Set ``key`` if missing; return the value the target holds."""
+        self._conn.execute("INSERT INTO meta (key, value) VALUES (%s, %s)"
+                           " ON CONFLICT (key) DO NOTHING", (key, value))
+        return str(self._conn.execute("SELECT value FROM meta WHERE key = %s",
+                                      (key,)).fetchone()[0])
