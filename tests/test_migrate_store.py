@@ -1,5 +1,5 @@
 """``inferscale-memory migrate-store --to postgres``: a SQLite store copied into a real
-PostgreSQL, wholly and idempotently."""
+PostgreSQL, wholly and idempotently; and ``bench index``'s store backends."""
 
 from __future__ import annotations
 
@@ -84,3 +84,14 @@ def test_migrate_store_refuses_a_target_of_another_dimension(tmp_path: Path,
         migrate_to_postgres(config)
     with MemoryStore(pg_url, Wide()) as target:  # all or nothing: bob was not copied
         assert target.counts() == before and not target.has_user("bob")
+
+
+def test_bench_index_store_backends(pg_server: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from inferscale_memory.bench.index import run_index_bench
+
+    monkeypatch.setenv("INFERSCALE_POSTGRES_URL", pg_server)  # a schema of its own, dropped
+    rows = run_index_bench([300], ["exact", "sqlite", "postgres", "postgres-hnsw"], dim=16,
+                           users=3, queries=4, k=5)
+    assert [r.backend for r in rows] == ["exact", "sqlite", "postgres", "postgres-hnsw"]
+    assert all(r.facts == 300 and r.build_s > 0 for r in rows)
+    assert [r.same_as_exact for r in rows[:3]] == [1.0, 1.0, 1.0]  # exact searches agree
