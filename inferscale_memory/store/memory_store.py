@@ -143,6 +143,8 @@ class MemoryStore:
 
     def _load_user(self, user_id: str) -> None:
         """Make one user's index entries equal to the file's."""
+        if getattr(self._index, "searches_store", False):  # PostgreSQL's own table: nothing
+            return                                         # to load (and 100k vectors to skip)
         ids, matrix = self._db.embedding_matrix(user_id, self._dim)
         self._index.replace(user_id, ids, matrix)
 

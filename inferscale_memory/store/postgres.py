@@ -396,6 +396,8 @@ class PgVectorIndex(VectorIndex):
             exact scan of the user's rows.
     """
 
+    searches_store = True  # MemoryStore loads nothing into it on open
+
     def __init__(self, db: PostgresFactDB, dim: int, hnsw: bool = False) -> None:
         self._db = db
         self._dim = dim
