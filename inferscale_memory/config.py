@@ -201,6 +201,9 @@ class MemoryConfig:
              "store='postgres' needs postgres_url='postgresql://user:password@host/db'"),
             (self.index != "hnsw" or self.store == "postgres",
              "index='hnsw' is the PostgreSQL store's pgvector index: set store='postgres'"),
+            (self.store != "postgres" or self.index != "qdrant" or url is not None,
+             "store='postgres' with index='qdrant' needs qdrant_url: an embedded Qdrant is "
+             "one process's copy, which the other replicas' writes never reach"),
             (bool(_COLLECTION_NAME.fullmatch(self.qdrant_collection)),
              "qdrant_collection must be 1-255 letters, digits, '_', '-' or '.'; "
              f"got {self.qdrant_collection!r}"),

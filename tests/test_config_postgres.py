@@ -34,6 +34,7 @@ def test_store_fields_from_kwargs_env_and_file(tmp_path: Path,
     ({"store": "postgres", "postgres_url": "db:5432"}, "needs postgres_url"),
     ({"postgres_url": URL}, "store is 'sqlite'"),
     ({"index": "hnsw"}, "set store='postgres'"),
+    ({"store": "postgres", "postgres_url": URL, "index": "qdrant"}, "needs qdrant_url"),
 ])
 def test_bad_store_fields_are_config_errors(values: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
