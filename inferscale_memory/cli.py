@@ -49,6 +49,15 @@ def main(argv: list[str] | None = None) -> int:
                          help="server API key (better: $INFERSCALE_QDRANT_API_KEY)")
     migrate.add_argument("--collection", default=None,
                          help="Qdrant collection (default: inferscale_facts)")
+    copy = commands.add_parser(
+        "migrate-store", help="copy a SQLite fact store into PostgreSQL (idempotent)")
+    copy.add_argument("--to", choices=["postgres"], required=True, help="the store backend")
+    copy.add_argument("--config", type=Path, default=None,
+                      help="JSON config file (INFERSCALE_* env and these flags override it)")
+    copy.add_argument("--store", default=None, help="SQLite fact store (default: store_path)")
+    copy.add_argument("--postgres-url", default=None,
+                      help="target database (better: $INFERSCALE_POSTGRES_URL, it may hold "
+                           "a password)")
     args = parser.parse_args(argv)
     if args.verbose:
         os.environ.setdefault("INFERSCALE_VLLM_LOGS", "1")  # vLLM's own output, as it prints it
@@ -93,6 +102,12 @@ def _run(args: argparse.Namespace) -> int:
             qdrant_url=args.qdrant_url, qdrant_api_key=args.qdrant_api_key,
             qdrant_collection=args.collection)
         print(migrate_to_qdrant(config))
+    elif args.command == "migrate-store":
+        from inferscale_memory.store.migrate import migrate_to_postgres
+
+        config = MemoryConfig.load(args.config, store=args.to, store_path=args.store,
+                                   postgres_url=args.postgres_url)
+        print(migrate_to_postgres(config))
     return 0
 
 

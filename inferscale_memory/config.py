@@ -32,6 +32,7 @@ from inferscale_memory.fields import (
     IndexBackend,
     MaxTokens,
     RecomputeTail,
+    StoreKind,
     describe,
 )
 
@@ -106,8 +107,13 @@ class MemoryConfig(BaseSettings):
             processes' prints) on the terminal. ``False`` (the default) keeps it in a log
             file that is removed when the engine closes cleanly; this process then shows
             vLLM's errors only (:mod:`inferscale_memory.vllm_log`).
+        store: Where facts live: ``"sqlite"`` (``store_path``, one machine) or
+            ``"postgres"`` (``postgres_url``, shared by engine replicas; docs/scaling.md).
+        postgres_url: The PostgreSQL database (with pgvector) of ``store="postgres"``, e.g.
+            ``"postgresql://user:secret@db:5432/memory"``.
         index: Vector index of the store: ``"exact"`` (in-process numpy, rebuilt from the
-            SQLite file on open) or ``"qdrant"``.
+            SQLite file on open; with PostgreSQL, an exact pgvector search in SQL),
+            ``"hnsw"`` (PostgreSQL only: a pgvector HNSW index) or ``"qdrant"``.
         qdrant_path: Folder of an embedded Qdrant (``index="qdrant"``), or ``":memory:"``.
             ``None`` (and no ``qdrant_url``) means ``<store file>.qdrant``, or ``":memory:"``
             for a ``":memory:"`` store.
@@ -153,6 +159,9 @@ class MemoryConfig(BaseSettings):
     seed: Int = 0
     engine_args: dict[str, Any] = Field(default_factory=dict)
     vllm_logs: bool = False
+    store: StoreKind = "sqlite"
+    postgres_url: Annotated[str, Field(pattern=r"^postgres(ql)?://")] | None = Field(
+        None, repr=False)  # may hold a password
     index: IndexBackend = "exact"
     qdrant_path: PathText | None = None
     qdrant_url: Annotated[str, Field(pattern=r"^https?://")] | None = None
@@ -193,6 +202,16 @@ class MemoryConfig(BaseSettings):
              "set qdrant_path (embedded Qdrant) or qdrant_url (a Qdrant server), not both"),
             (self.qdrant_api_key is None or url is not None,
              "qdrant_api_key needs qdrant_url (an embedded Qdrant has no keys)"),
+            (self.store == "postgres" or self.postgres_url is None,
+             "postgres_url set but store is 'sqlite': set store='postgres' "
+             "(INFERSCALE_STORE=postgres) or remove postgres_url"),
+            (self.store != "postgres" or self.postgres_url is not None,
+             "store='postgres' needs postgres_url='postgresql://user:password@host/db'"),
+            (self.index != "hnsw" or self.store == "postgres",
+             "index='hnsw' is the PostgreSQL store's pgvector index: set store='postgres'"),
+            (self.store != "postgres" or self.index != "qdrant" or url is not None,
+             "store='postgres' with index='qdrant' needs qdrant_url: an embedded Qdrant is "
+             "one process's copy, which the other replicas' writes never reach"),
         ]
         for ok, message in checks:
             if not ok:

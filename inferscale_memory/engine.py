@@ -51,16 +51,19 @@ class MemoryEngine:
     Args:
         model: A Hugging Face model folder; ``None`` uses the embedded default.
         config: A full :class:`MemoryConfig`; keyword ``overrides`` are applied on top.
-        store: An open :class:`MemoryStore` to use instead of the configured one.
+        store: An open :class:`MemoryStore` to use instead of the configured one, or a
+            str: the config field ``store`` (``"sqlite"`` or ``"postgres"``).
     """
 
     def __init__(self, model: str | None = None, *, config: MemoryConfig | None = None,
-                 store: MemoryStore | None = None, **overrides: Any) -> None:
+                 store: MemoryStore | str | None = None, **overrides: Any) -> None:
         from transformers import AutoTokenizer
 
         from inferscale_memory.embeddings import default_embedder
         from inferscale_memory.models import resolve_model
 
+        if isinstance(store, str):  # MemoryEngine(store="postgres", postgres_url=...)
+            overrides["store"], store = store, None
         if config is None:
             config = MemoryConfig.load(model=model, **overrides)
         elif model is not None or overrides:

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import pytest
 from durability_writer import USERS, HashEmbedder
+from pg_helpers import needs_postgres, new_database
 
 from inferscale_memory.store import MemoryStore
 
@@ -110,8 +111,10 @@ def replay(model: Model, messages: list[dict]) -> dict[str, Any] | None:
     return in_flight
 
 
-def read_file(path: Path) -> tuple[dict[str, dict[str, Any]], dict[str, list[tuple]]]:
+def read_file(path: Path | str) -> tuple[dict[str, dict[str, Any]], dict[str, list[tuple]]]:
     """Rows of the file: facts by id (with the raw embedding) and history by fact id."""
+    if isinstance(path, str):
+        return read_database(path)
     conn = sqlite3.connect(path)
     try:
         assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
@@ -128,6 +131,29 @@ def read_file(path: Path) -> tuple[dict[str, dict[str, Any]], dict[str, list[tup
         conn.close()
     assert {f["user"] for f in facts.values()} <= users
     return facts, history
+
+
+def read_database(url: str) -> tuple[dict[str, dict[str, Any]], dict[str, list[tuple]]]:
+    """:func:`read_file` of a PostgreSQL store, read with psycopg rather than the store."""
+    import psycopg
+
+    with psycopg.connect(url) as conn:
+        facts = {r[0]: {"user": r[1], "text": _utf8(r[2]), "metadata": r[3],
+                        "embedding": np.array(json.loads(r[4]), dtype="<f4").tobytes()}
+                 for r in conn.execute(
+                     "SELECT id, user_id, text, metadata, embedding::text FROM facts")}
+        history: dict[str, list[tuple]] = {}
+        for fid, user, event, old, new in conn.execute(
+                "SELECT fact_id, user_id, event, old_text, new_text FROM history ORDER BY seq"):
+            history.setdefault(fid, []).append((user, event, _utf8(old), _utf8(new)))
+        users = {r[0] for r in conn.execute("SELECT user_id FROM users")}
+    assert {f["user"] for f in facts.values()} <= users
+    return facts, history
+
+
+def _utf8(value: bytes | None) -> str | None:
+    """A text column of the PostgreSQL store (UTF-8 bytes, see store/postgres.py)."""
+    return None if value is None else bytes(value).decode("utf-8")
 
 
 def resolve_in_flight(model: Model, op: dict[str, Any] | None,
@@ -190,7 +216,7 @@ def check_file(model: Model, facts: dict[str, dict[str, Any]]) -> None:
         np.testing.assert_allclose(vector, embedder.embed([row["text"]])[0], atol=1e-6)
 
 
-def check_reopened_index(path: Path, model: Model, rng: random.Random) -> None:
+def check_reopened_index(path: Path | str, model: Model, rng: random.Random) -> None:
     """The index rebuilt on open equals a brute-force search over the acknowledged facts."""
     embedder = HashEmbedder()
     with MemoryStore(str(path), embedder) as store:
@@ -214,14 +240,20 @@ def check_reopened_index(path: Path, model: Model, rng: random.Random) -> None:
                 assert hit.score == pytest.approx(expected[hit.fact.id], abs=1e-5)
 
 
-def test_acknowledged_writes_survive_repeated_kill_9(tmp_path: Path) -> None:
-    path = tmp_path / "durable.sqlite"
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgres", marks=needs_postgres)])
+def test_acknowledged_writes_survive_repeated_kill_9(tmp_path: Path, backend: str,
+                                                    request: pytest.FixtureRequest) -> None:
+    path: Path | str = tmp_path / "durable.sqlite"
+    if backend == "postgres":  # the writer is a client of the session's server
+        path = new_database(request.getfixturevalue("pg_server"))
     rng = random.Random(SEED)
     model = Model()
     outcomes: Counter[str] = Counter()
     acks = 0
     for generation in range(KILLS):
         delay = rng.choice((0.0, 0.001, 0.01)) + rng.uniform(0.0, 0.35)
+        if backend == "postgres":  # a write is a few round trips to the server, not a file
+            delay *= 4
         messages = run_writer(path, generation, delay, tmp_path / f"writer{generation}.err")
         acks += sum("ack" in m for m in messages)
         in_flight = replay(model, messages)
@@ -247,3 +279,17 @@ def test_store_runs_sqlite_in_wal_mode_with_full_sync(tmp_path: Path) -> None:
         assert conn is not None
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         assert conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+
+
+@needs_postgres
+def test_postgres_store_commits_wait_for_the_disk(pg_url: str) -> None:
+    """A server (or database) that defaults to synchronous_commit=off acknowledges commits
+    it may lose in a crash; the store's connections turn it back on."""
+    import psycopg
+
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        name = conn.info.dbname
+        conn.execute(f"ALTER DATABASE {name} SET synchronous_commit = off")
+    with MemoryStore(pg_url, HashEmbedder()) as store:
+        assert store._db._all("SHOW synchronous_commit") == [("on",)]
+        assert store._db._all("SHOW fsync") == [("on",)]

@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pg_helpers import needs_postgres, new_database
 
 from inferscale_memory.errors import (
     FactNotFoundError,
@@ -89,8 +90,21 @@ def embedder():
     return default_embedder()
 
 
-@pytest.fixture(params=INDEX_BACKENDS)
+# The store tests run over SQLite with every index, and over PostgreSQL (pgvector search).
+STORE_BACKENDS = [
+    *INDEX_BACKENDS,
+    pytest.param("postgres", id="postgres", marks=needs_postgres),
+    pytest.param("postgres-hnsw", id="postgres-hnsw", marks=needs_postgres),
+]
+
+
+@pytest.fixture(params=STORE_BACKENDS)
 def store(request, tmp_path, embedder):
+    if isinstance(request.param, str):
+        url = new_database(request.getfixturevalue("pg_server"))
+        with MemoryStore(url, embedder, hnsw=request.param.endswith("hnsw")) as s:
+            yield s
+        return
     with request.param() as index, MemoryStore(str(tmp_path / "memory.sqlite"), embedder,
                                                index) as s:
         yield s
@@ -367,8 +381,28 @@ def test_small_max_fact_chars(tmp_path, embedder):
 # --------------------------------------------------------------------------- restart
 
 
-def test_reopen_keeps_everything(tmp_path, embedder):
+@needs_postgres
+def test_two_stores_on_one_database_see_each_others_writes_at_once(pg_url, embedder):
+    """Two replicas' stores: no in-process copy, so every commit is visible to both."""
+    with MemoryStore(pg_url, embedder) as a, MemoryStore(pg_url, embedder) as b:
+        fact = a.add("Caroline moved to Berlin in May 2023.", user_id="caroline")
+        a.add("Caroline likes sushi.", user_id="caroline")
+        assert b.search("Where does Caroline live?", user_id="caroline", k=1)[0].fact == fact
+        new = b.update(fact.id, "Caroline moved to Oslo in June 2024.", user_id="caroline")
+        hit = a.search("Where does Caroline live?", user_id="caroline", k=1)[0].fact
+        assert hit == new and a.get(fact.id, user_id="caroline").text == new.text
+        a.delete(fact.id, user_id="caroline")
+        hits = b.search("Where does Caroline live?", user_id="caroline", k=5)
+        assert fact.id not in [h.fact.id for h in hits] and len(hits) == 1
+        assert [e["event"] for e in b.history(fact.id, user_id="caroline")] == [
+            "ADD", "UPDATE", "DELETE"]
+
+
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgres", marks=needs_postgres)])
+def test_reopen_keeps_everything(tmp_path, embedder, backend, request):
     path = str(tmp_path / "memory.sqlite")
+    if backend == "postgres":
+        path = new_database(request.getfixturevalue("pg_server"))
     s = MemoryStore(path, embedder)
     facts = s.add(CAROLINE_FACTS, user_id="caroline", metadata=[{"i": i} for i in range(5)])
     bob = s.add("Bob lives in Rome.", user_id="bob")

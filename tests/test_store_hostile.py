@@ -1,8 +1,9 @@
 """Hostile input to the fact store: every call succeeds or raises a typed error, a refused
 call changes nothing, and no call reaches another tenant's facts.
 
-Property tests with the real SQLite file and the real MiniLM embedder. The callers are
-two tenants; a third one (the victim) only ever appears through forged fact ids.
+Property tests with the real SQLite file (and a real PostgreSQL) and the real MiniLM
+embedder. The callers are two tenants; a third one (the victim) only ever appears through
+forged fact ids.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import pytest
 from hostile import check_success, deep, draw_call, file_state, listed
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
+from pg_helpers import needs_postgres, new_database
 
 from inferscale_memory.errors import (
     FactNotFoundError,
@@ -48,12 +50,15 @@ HOSTILE = settings(
 )
 
 
-@pytest.fixture(scope="module")
-def seeded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[MemoryStore, list[str]]]:
+@pytest.fixture(scope="module", params=["sqlite", pytest.param("postgres", marks=needs_postgres)])
+def seeded(request: pytest.FixtureRequest,
+           tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[MemoryStore, list[str]]]:
     from inferscale_memory.embeddings import default_embedder
 
-    path = tmp_path_factory.mktemp("hostile") / "memory.sqlite"
-    with MemoryStore(str(path), default_embedder()) as store:
+    path = str(tmp_path_factory.mktemp("hostile") / "memory.sqlite")
+    if request.param == "postgres":
+        path = new_database(request.getfixturevalue("pg_server"))
+    with MemoryStore(path, default_embedder()) as store:
         forged = [
             f.id
             for f in store.add(

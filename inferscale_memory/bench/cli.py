@@ -120,7 +120,8 @@ def _add_index(workloads: Any) -> None:
     index.add_argument("--facts", type=int, nargs="+", default=[10000, 100000],
                        help="collection sizes (random unit vectors)")
     index.add_argument("--backends", default="exact,qdrant-memory,qdrant-path",
-                       help="comma-separated: exact, qdrant-memory, qdrant-path")
+                       help="comma-separated: exact, qdrant-memory, qdrant-path, sqlite, "
+                            "postgres, postgres-hnsw (the last three: the stores' adds)")
     index.add_argument("--dim", type=int, default=384, help="vector size (the embedder's)")
     index.add_argument("--users", type=int, default=1, help="tenants the facts are spread over")
     index.add_argument("--queries", type=int, default=50)

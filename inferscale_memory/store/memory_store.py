@@ -1,7 +1,8 @@
 """The durable, multi-tenant fact store: :class:`MemoryStore`.
 
-The SQLite file is the truth; the vector index is made equal to it on open (rebuilt, or for
-a persistent index such as Qdrant, reconciled: only what differs is written). Every write
+The SQLite file (or a PostgreSQL database, given a ``postgresql://`` URL) is the truth; the
+vector index is made equal to it on open (rebuilt, or for a persistent index such as Qdrant,
+reconciled: only what differs is written; PostgreSQL searches its own table). Every write
 is validated first (bad input raises a typed error and changes nothing), committed as one
 durable transaction, then applied to the index. A search hit whose fact is not in the file
 (an index that went stale) is dropped from the index.
@@ -27,7 +28,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from inferscale_memory.errors import FactNotFoundError, StoreError, UnknownUserError
+from inferscale_memory.errors import (
+    FactNotFoundError,
+    InvalidInputError,
+    StoreError,
+    UnknownUserError,
+)
 from inferscale_memory.store import _checks
 from inferscale_memory.store.facts import Fact, ScoredFact
 from inferscale_memory.store.index import ExactIndex, VectorIndex, open_index
@@ -39,16 +45,28 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
+def _open_db(path: str | os.PathLike[str]) -> Any:
+    """The SQLite file, or the PostgreSQL database that a ``postgresql://`` URL names."""
+    from inferscale_memory.store.postgres import PostgresFactDB, is_postgres_url
+
+    return PostgresFactDB(os.fspath(path)) if is_postgres_url(path) else FactDB(path)
+
+
 class MemoryStore:
     """Facts of many users, with embeddings and a vector index; thread-safe.
 
     Args:
-        path: SQLite file (parent folders are created) or ``":memory:"``.
+        path: SQLite file (parent folders are created), ``":memory:"``, or a PostgreSQL
+            URL (``postgresql://...``, with pgvector: the ``postgres`` extra), which
+            several processes may share.
         embedder: Object with ``dim`` and ``embed(list[str]) -> ndarray (n, dim)``.
-        index: Vector index to fill; ``None`` uses an in-process :class:`ExactIndex`.
+        index: Vector index to fill; ``None`` uses an in-process :class:`ExactIndex`
+            (for PostgreSQL: exact search in SQL, so every sharer sees each commit).
             Every user of the file is reloaded into it on open (:meth:`VectorIndex.replace`).
         max_fact_chars: Longest fact text accepted, in characters.
         own_index: Close ``index`` when the store closes (an index made here always is).
+        hnsw: PostgreSQL with ``index=None`` only: search through a pgvector HNSW index
+            (approximate; created if missing) instead of an exact scan of the user's rows.
 
     Raises:
         InvalidInputError: Bad ``embedder`` or ``max_fact_chars``.
@@ -64,18 +82,19 @@ class MemoryStore:
         max_fact_chars: int = 4000,
         *,
         own_index: bool = False,
+        hnsw: bool = False,
     ) -> None:
         self._owns_index = own_index or index is None
         self._max_fact_chars = _checks.positive_int(max_fact_chars, "max_fact_chars")
         self._embedder = embedder
         self._dim = _checks.embedder_dim(embedder)
         self._lock = threading.RLock()
-        self._db = FactDB(path)
+        self._db = _open_db(path)
         self.path = self._db.path
         self._closed = False
         try:
             _checks.embedder_matches(self._db, self._embedder, self._dim)
-            self._index = index if index is not None else ExactIndex(self._dim)
+            self._index = index if index is not None else self._default_index(hnsw)
             self._last_ts = self._db.last_timestamp()
             for user_id in self._db.users():
                 self._load_user(user_id)
@@ -92,7 +111,8 @@ class MemoryStore:
         """Open the store file and the index that ``config`` names; the store owns the index.
 
         Args:
-            config: Uses ``store_path`` (or ``data_dir``), ``index`` and ``qdrant_*``.
+            config: Uses ``store`` with ``store_path`` (or ``data_dir``) or
+                ``postgres_url``, ``index`` and ``qdrant_*``.
             embedder: ``None`` loads ``config.embedder`` (all-MiniLM-L6-v2 by default).
 
         Example:
@@ -103,11 +123,28 @@ class MemoryStore:
             from inferscale_memory.embeddings import default_embedder
 
             embedder = default_embedder(config.embedder)
-        index = open_index(config, _checks.embedder_dim(embedder))
-        return cls(config.resolved_store_path, embedder, index, own_index=True)
+        dim = _checks.embedder_dim(embedder)
+        if config.store != "postgres":
+            return cls(config.resolved_store_path, embedder, open_index(config, dim),
+                       own_index=True)
+        assert config.postgres_url is not None  # the config checks it
+        index = open_index(config, dim) if config.index == "qdrant" else None
+        return cls(config.postgres_url, embedder, index, own_index=True,
+                   hnsw=config.index == "hnsw")
+
+    def _default_index(self, hnsw: bool) -> VectorIndex:
+        if isinstance(self._db, FactDB):
+            if hnsw:
+                raise InvalidInputError("hnsw=True needs a PostgreSQL store (postgresql://...)")
+            return ExactIndex(self._dim)
+        from inferscale_memory.store.postgres import PgVectorIndex
+
+        return PgVectorIndex(self._db, self._dim, hnsw)
 
     def _load_user(self, user_id: str) -> None:
         """Make one user's index entries equal to the file's."""
+        if getattr(self._index, "searches_store", False):  # PostgreSQL's own table: nothing
+            return                                         # to load (and 100k vectors to skip)
         ids, matrix = self._db.embedding_matrix(user_id, self._dim)
         self._index.replace(user_id, ids, matrix)
 

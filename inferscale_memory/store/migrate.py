@@ -1,4 +1,5 @@
-"""Copy a fact store's vectors into a Qdrant collection (``inferscale-memory migrate-index``).
+"""Copy a fact store's vectors into a Qdrant collection (``inferscale-memory migrate-index``),
+or the whole SQLite store into PostgreSQL (``inferscale-memory migrate-store --to postgres``).
 
 The vectors come from the SQLite file (the truth), so no embedder is loaded. Each user's
 points are made equal to the file (:meth:`QdrantIndex.sync`): running it again writes
@@ -16,6 +17,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from inferscale_memory.config import MemoryConfig
 from inferscale_memory.errors import ConfigError, StoreError
@@ -101,3 +103,102 @@ def _copy(db: FactDB, index: QdrantIndex, dim: int | None, path: str) -> Migrati
         logger.info("Migrated %r: %s", user_id, stats)
     return MigrationReport(path, index.location, index.collection, len(users), facts, written,
                            removed, unchanged)
+
+
+@dataclass(frozen=True)
+class StoreCopyReport:
+    """What ``migrate-store --to postgres`` did.
+
+    Attributes:
+        store: The SQLite file read.
+        target: The PostgreSQL database written (password left out).
+        users: Users of the SQLite store.
+        facts: Facts of the SQLite store.
+        written: Facts inserted or brought up to date.
+        removed: Facts deleted from the target because the SQLite store deleted them.
+        unchanged: Facts that were already equal.
+        events: History events copied (those already there are skipped).
+    """
+
+    store: str
+    target: str
+    users: int
+    facts: int
+    written: int
+    removed: int
+    unchanged: int
+    events: int
+
+    def __str__(self) -> str:
+        return (f"{self.store}: {self.facts} facts of {self.users} users -> PostgreSQL "
+                f"{self.target}: {self.written} written, {self.removed} removed, "
+                f"{self.unchanged} already current, {self.events} history events copied")
+
+
+def migrate_to_postgres(config: MemoryConfig) -> StoreCopyReport:
+    """Copy the SQLite store that ``config`` names into its PostgreSQL store, in one
+    transaction; running it again writes nothing.
+
+    Facts keep their ids, timestamps, metadata, embeddings and history. A fact of the file
+    that is in the target with other content is overwritten by the file's; a fact that the
+    file deleted (its history says so) is deleted from the target; anything else of the
+    target (facts added there directly) is left alone. No embedder is loaded.
+
+    Args:
+        config: ``store_path`` (or ``data_dir``) names the SQLite file, ``postgres_url`` the
+            target (``store`` must be ``"postgres"``).
+
+    Raises:
+        ConfigError: ``config.store`` is not ``"postgres"``.
+        StoreError: No SQLite file, an unreachable target, or one holding embeddings of
+            another dimension.
+    """
+    from inferscale_memory.store.postgres import PostgresFactDB
+
+    if config.store != "postgres" or config.postgres_url is None:
+        raise ConfigError("migrate_to_postgres needs a config with store='postgres' and "
+                          "postgres_url")
+    path = config.resolved_store_path
+    if path == ":memory:" or not Path(path).expanduser().is_file():
+        raise StoreError(f"no fact store at {path}; name an existing file (--store or "
+                         "store_path)")
+    source = FactDB(path)
+    try:
+        target = PostgresFactDB(config.postgres_url)
+        try:
+            return _copy_store(source, target, path)
+        finally:
+            target.close()
+    finally:
+        source.close()
+
+
+def _copy_store(source: FactDB, target: Any, path: str) -> StoreCopyReport:
+    meta = dict(source._all("SELECT key, value FROM meta"))
+    users = source._all("SELECT user_id, created_at FROM users ORDER BY user_id")
+    keys = ("fact_id", "user_id", "event", "old_text", "new_text", "at")
+    events = [dict(zip(keys, r, strict=True)) for r in source._all(
+        "SELECT fact_id, user_id, event, old_text, new_text, at FROM history ORDER BY seq")]
+    facts = written = removed = copied = 0
+    with target.copy() as copy:
+        for key, value in meta.items():
+            held = copy.meta(key, value)
+            if key == "embedding_dim" and held != value:
+                raise StoreError(f"{target.path} holds embeddings of dimension {held}, "
+                                 f"{path} of {value}; copy into a new database")
+        for user_id, created_at in users:
+            copy.user(user_id, created_at)
+            live = source.list_user(user_id)
+            if live:
+                ids, matrix = source.embedding_matrix(user_id, int(meta["embedding_dim"]))
+                vectors = dict(zip(ids, matrix, strict=True))
+                done = [copy.fact(fact, vectors[fact.id]) for fact in live]
+                facts, written = facts + len(done), written + sum(done)
+        alive = {r[0] for r in source._all("SELECT id FROM facts")}
+        gone = {e["fact_id"] for e in events if e["event"] == "DELETE"} - alive
+        removed = sum(copy.remove(fact_id) for fact_id in sorted(gone))
+        copied = sum(copy.event(event) for event in events)
+    report = StoreCopyReport(path, target.path, len(users), facts, written, removed,
+                             facts - written, copied)
+    logger.info("%s", report)
+    return report
