@@ -203,6 +203,8 @@ class VllmRuntime:
                      params: RequestParams | None = None, tenant: str | None = None,
                      stop: list[str] | None = None, logprobs: int | None = None,
                      seed: int | None = None, ignore_eos: bool = False,
+                     structured_outputs: dict[str, Any] | None = None,
+                     skip_special_tokens: bool = True,
                      **sampling_options: float) -> AsyncIterator[Delta]:
         """Generate from ``token_ids``; yield text deltas, then the :class:`Completion`.
 
@@ -210,15 +212,21 @@ class VllmRuntime:
         :func:`request_salt` (``tenant``: who asks, for a request without ``params``).
         ``sampling_options``: ``top_p``, ``top_k``, ``presence_penalty``,
         ``frequency_penalty`` (checked by :func:`~inferscale_memory.options.check_options`).
+        ``structured_outputs``: keyword arguments of vLLM's ``StructuredOutputsParams``
+        (guided decoding; the same fields in vLLM 0.26 and 0.32).
         """
         from vllm import SamplingParams
-        from vllm.sampling_params import RequestOutputKind
+        from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
         extra = {"kv_transfer_params": params.to_dict()} if params is not None else None
         sampling = SamplingParams(max_tokens=max_tokens, temperature=temperature, stop=stop,
                                   logprobs=logprobs, seed=seed, extra_args=extra,
                                   ignore_eos=ignore_eos, detokenize=self.detokenize,
-                                  output_kind=RequestOutputKind.DELTA, **sampling_options)
+                                  output_kind=RequestOutputKind.DELTA,
+                                  skip_special_tokens=skip_special_tokens,
+                                  structured_outputs=StructuredOutputsParams(
+                                      **structured_outputs) if structured_outputs else None,
+                                  **sampling_options)
         prompt: dict[str, Any] = {"prompt_token_ids": list(token_ids),
                                   "cache_salt": request_salt(tenant, params)}
         done = Completion(logprobs=[] if logprobs else None)
