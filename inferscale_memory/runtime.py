@@ -95,6 +95,7 @@ class VllmRuntime:
         logger.info("vLLM ready in %.1f s", self.start_s)
 
     async def _start(self) -> Any:
+        from vllm.config import StructuredOutputsConfig
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
@@ -116,6 +117,10 @@ class VllmRuntime:
             tensor_parallel_size=self.config.tensor_parallel_size,
             gpu_memory_utilization=self.config.gpu_memory_utilization,
             enable_prefix_caching=True,
+            # Guided decoding (tools, response_format) writes compact JSON: with any
+            # whitespace allowed, a small model can spend max_tokens on it. vLLM 0.26 and
+            # 0.32 read this engine-wide, not per request.
+            structured_outputs_config=StructuredOutputsConfig(disable_any_whitespace=True),
             kv_transfer_config=kv_transfer_config(
                 {"pool_bytes": int(self.config.kv_pool_gb * (1 << 30)),
                  "host_pool_bytes": int(self.config.kv_host_pool_gb * (1 << 30))}),

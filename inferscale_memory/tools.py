@@ -93,14 +93,8 @@ class ToolRequest:
         return self.choice["function"]["name"] if isinstance(self.choice, dict) else None
 
     def structured_outputs(self) -> dict[str, Any] | None:
-        """Keyword arguments of vLLM's ``StructuredOutputsParams``, or ``None``.
-
-        The JSON is compact (``disable_any_whitespace``): the grammar lets a small model
-        otherwise spend its ``max_tokens`` on whitespace between JSON tokens."""
-        constraint = self._constraint()
-        return None if constraint is None else {**constraint, "disable_any_whitespace": True}
-
-    def _constraint(self) -> dict[str, Any] | None:
+        """Keyword arguments of vLLM's ``StructuredOutputsParams``, or ``None`` (the JSON
+        is compact: the runtime starts vLLM with ``disable_any_whitespace``)."""
         if self.calls_tools and self.named is not None:
             return {"json": self._parameters(self.named)}
         if self.calls_tools and self.choice == "required":

@@ -79,13 +79,12 @@ def test_required_and_named_use_guided_decoding(qwen: Any) -> None:
     named = check_tool_request([WEATHER], {"type": "function",
                                            "function": {"name": "get_weather"}})
     assert named is not None
-    assert named.structured_outputs() == {"json": WEATHER["function"]["parameters"],
-                                          "disable_any_whitespace": True}
+    assert named.structured_outputs() == {"json": WEATHER["function"]["parameters"]}
 
 
 def test_response_formats() -> None:
     assert check_tool_request(response_format={"type": "json_object"}).structured_outputs() \
-        == {"json_object": True, "disable_any_whitespace": True}  # type: ignore[union-attr]
+        == {"json_object": True}  # type: ignore[union-attr]
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
     fmt = {"type": "json_schema", "json_schema": {"name": "a", "schema": schema}}
     assert check_tool_request(response_format=fmt).structured_outputs()["json"] == schema  # type: ignore[index]
