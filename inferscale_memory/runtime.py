@@ -119,8 +119,10 @@ class VllmRuntime:
             enable_prefix_caching=True,
             # Guided decoding (tools, response_format) writes compact JSON: with any
             # whitespace allowed, a small model can spend max_tokens on it. vLLM 0.26 and
-            # 0.32 read this engine-wide, not per request.
-            structured_outputs_config=StructuredOutputsConfig(disable_any_whitespace=True),
+            # 0.32 read this engine-wide, not per request, and only for a named backend
+            # (xgrammar: vLLM's default under "auto").
+            structured_outputs_config=StructuredOutputsConfig(backend="xgrammar",
+                                                              disable_any_whitespace=True),
             kv_transfer_config=kv_transfer_config(
                 {"pool_bytes": int(self.config.kv_pool_gb * (1 << 30)),
                  "host_pool_bytes": int(self.config.kv_host_pool_gb * (1 << 30))}),
