@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Sequence
@@ -39,8 +40,15 @@ from inferscale_memory.layout import (
 from inferscale_memory.memory import EngineMemory
 from inferscale_memory.options import DEFAULT_MAX_LOGPROBS, check_options
 from inferscale_memory.results import ChatChunk, ChatMetrics, ChatResult, KVStats
-from inferscale_memory.runtime import Completion, VllmRuntime
+from inferscale_memory.runtime import Completion, Delta, VllmRuntime
 from inferscale_memory.store import Fact, MemoryStore, ScoredFact
+from inferscale_memory.tools import (
+    ToolRequest,
+    ToolStream,
+    check_tool_request,
+    refuse_without_template,
+    template_parser,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +80,9 @@ class MemoryEngine:
         self.model_path = resolve_model(config.model, config.cache_dir)
         self.tokenizer = AutoTokenizer.from_pretrained(str(self.model_path))
         self.builder = PromptBuilder(self.tokenizer)
+        # vLLM's tool parser of tool_choice="auto" (a --tool-call-parser name), chosen from
+        # the chat template; None: the template has no tools. Assign to override.
+        self.tool_parser: str | None = template_parser(self.tokenizer)
         with contextlib.ExitStack() as undo:  # a failed start closes what it opened
             if store is None:
                 store = MemoryStore.from_config(config, default_embedder(config.embedder))
@@ -105,7 +116,8 @@ class MemoryEngine:
 
         Args:
             messages: OpenAI-style ``[{"role": ..., "content": ...}]``; the last one is the
-                user's question, which is also the retrieval query.
+                user's question (the retrieval query), or tool results (``role: "tool"``)
+                of the assistant's ``tool_calls`` before them, answering that question.
             user_id: Whose facts to use; ``None`` answers without memory, and so does a
                 user with no facts yet (``metrics.memory_used`` is ``False``).
             k: Facts to retrieve (default ``config.k``).
@@ -120,7 +132,12 @@ class MemoryEngine:
                 ``user_id``; with neither, one shared anonymous tenant.
             **options: ``max_tokens``, ``temperature``, ``stop``, ``logprobs``, ``seed``,
                 ``top_p``, ``top_k``, ``presence_penalty``, ``frequency_penalty``,
-                ``ignore_eos`` (generate exactly ``max_tokens``, for benchmarks).
+                ``ignore_eos`` (generate exactly ``max_tokens``, for benchmarks); and, in
+                OpenAI's shapes, ``tools`` (function schemas), ``tool_choice`` (``"auto"``,
+                ``"none"``, ``"required"`` or ``{"type": "function", "function": {"name"}}``),
+                ``parallel_tool_calls`` and ``response_format`` (``json_object``,
+                ``json_schema``): see :mod:`inferscale_memory.tools`. Tool calls come back
+                in :attr:`ChatResult.tool_calls`.
         """
         return self.runtime.run(self._achat(messages, user_id=user_id, k=k, mode=mode,
                                             **options))
@@ -165,35 +182,54 @@ class MemoryEngine:
                             user_id: str | None = None, k: int | None = None,
                             mode: str = "kv", facts: Sequence[Fact | ScoredFact] | None = None,
                             fact_order: str | None = None, recompute_tail: int | None = None,
-                            tenant: str | None = None,
+                            tenant: str | None = None, tools: Any = None,
+                            tool_choice: Any = None, parallel_tool_calls: Any = None,
+                            response_format: Any = None,
                             **options: Any) -> AsyncGenerator[ChatChunk, None]:
         """:meth:`astream_chat` on the engine loop. ``facts`` must belong to ``user_id``."""
         start = time.perf_counter()
         conversation, k, max_tokens = self._check_request(messages, k, mode, options)
         order, tail = self._check_quality(fact_order, recompute_tail)
+        tooling = self._check_tools(conversation, tools, tool_choice, parallel_tool_calls,
+                                    response_format)
         if facts is None:
-            facts = await self._retrieve(conversation[-1]["content"], user_id, k)
+            query = next(m for m in reversed(conversation) if m["role"] == "user")
+            facts = await self._retrieve(query["content"], user_id, k)
         else:
             facts = self._own_facts(facts, user_id)
         retrieval_s = time.perf_counter() - start
         ordered = prompt_order(facts, order)
-        layout = self.builder.build(conversation, [(f.fact.id, f.fact.text) for f in ordered])
+        layout = self.builder.build(conversation, [(f.fact.id, f.fact.text) for f in ordered],
+                                    tooling.tools if tooling else None)
         self._check_length(layout, max_tokens)
         tail = tail_size(len(layout.fact_spans), tail, self.config.capture_context == 0)
         # A tail of every fact leaves nothing worth injecting: the request is the text path's.
         every = tail > 0 and tail == len(layout.fact_spans)
         params = self._inject_params(layout, user_id, tail) if mode == "kv" and not every \
             else None
-        async for delta in self.runtime.stream(
-                layout.token_ids, max_tokens=max_tokens, params=params,
-                tenant=user_id if tenant is None else tenant, **options):
+        if tooling is not None:
+            options.update(structured_outputs=tooling.structured_outputs(),
+                           skip_special_tokens=not (tooling.calls_tools
+                                                    and tooling.choice == "auto"))
+        stream = ToolStream(tooling) if tooling is not None else None
+        deltas = self.runtime.stream(layout.token_ids, max_tokens=max_tokens, params=params,
+                                     tenant=user_id if tenant is None else tenant, **options)
+        if options.get("structured_outputs"):
+            deltas = _refusing_bad_schemas(deltas)
+        async for delta in deltas:
+            text, calls = stream.feed(delta.text) if stream else (delta.text, [])
             if delta.completion is None:
-                yield ChatChunk(delta.text)
+                if text or calls:
+                    yield ChatChunk(text, tool_calls=calls)
                 continue
             result = self._result(delta.completion, layout, ordered, mode, params, start,
                                   retrieval_s)
             self._recapture(user_id, ordered, result.metrics.recomputed_fact_ids)
-            yield ChatChunk(delta.text, result)
+            if stream is not None:
+                result = self._parse_tools(result, stream)
+                rest, more = stream.finish(result.text, result.tool_calls)
+                text, calls = text + rest, calls + more
+            yield ChatChunk(text, result, calls)
 
     def answer(self, messages: Sequence[dict[str, Any]], facts: Sequence[Fact | ScoredFact], *,
                user_id: str, mode: str = "kv", **options: Any) -> ChatResult:
@@ -250,10 +286,11 @@ class MemoryEngine:
     # -- helpers -------------------------------------------------------------------------
 
     def _check_request(self, messages: Any, k: int | None, mode: str,
-                       options: dict[str, Any]) -> tuple[list[dict[str, str]], int, int]:
+                       options: dict[str, Any]) -> tuple[list[dict[str, Any]], int, int]:
         conversation = validate_messages(messages)
-        if not conversation or conversation[-1]["role"] != "user":
-            raise InvalidInputError("the last message must be the user's")
+        if not conversation or conversation[-1]["role"] not in ("user", "tool") \
+                or not any(m["role"] == "user" for m in conversation):
+            raise InvalidInputError("the last message must be the user's (or tool results)")
         k = check(FactCount, self.config.k if k is None else k, "k")
         check(Mode, mode, "mode")
         checked = check_options(
@@ -262,6 +299,27 @@ class MemoryEngine:
         options.clear()
         options.update(checked)
         return conversation, k, options.pop("max_tokens")
+
+    def _check_tools(self, conversation: list[dict[str, Any]], tools: Any, tool_choice: Any,
+                     parallel_tool_calls: Any, response_format: Any) -> ToolRequest | None:
+        tooling = check_tool_request(tools, tool_choice, parallel_tool_calls, response_format,
+                                     self.tool_parser)
+        uses_tools = (tooling is not None and tooling.calls_tools) or any(
+            m["role"] == "tool" or m.get("tool_calls") for m in conversation)
+        if uses_tools and self.tool_parser is None:
+            raise refuse_without_template(self.model_path.name)
+        return tooling
+
+    def _parse_tools(self, result: ChatResult, stream: ToolStream) -> ChatResult:
+        """``result`` with the tool calls of its text (see :class:`ToolRequest.parse`)."""
+        content, calls = stream.request.parse(result.text, self.tokenizer)
+        if not calls:
+            return result
+        if stream.named_call_id is not None:
+            calls = [dataclasses.replace(calls[0], id=stream.named_call_id)]
+        finish = "tool_calls" if result.finish_reason == "stop" else result.finish_reason
+        return dataclasses.replace(result, text=content or "", tool_calls=calls,
+                                   finish_reason=finish)
 
     def _check_quality(self, fact_order: str | None, recompute_tail: int | None
                        ) -> tuple[str, int]:
@@ -362,3 +420,23 @@ class MemoryEngine:
         else:
             await self.fact_kv.capture(user_id, wanted,
                                        prompt_contexts(prompt, wanted, self.config.capture_context))
+
+
+async def _refusing_bad_schemas(deltas: AsyncIterator[Delta]) -> AsyncIterator[Delta]:
+    """``deltas``, with vLLM's refusal of a schema its guided decoding cannot compile (a
+    ``VLLMValidationError``, a ``ValueError`` in vLLM 0.26 but not in 0.32) raised as
+    :class:`InvalidInputError`: the client's mistake, and vLLM goes on serving."""
+    from inferscale_memory.connector.compat import request_validation_errors
+
+    started = False
+    try:
+        async for delta in deltas:
+            started = True
+            yield delta
+    except request_validation_errors() as exc:
+        if started:
+            raise
+        raise InvalidInputError(f"the JSON schema (tools or response_format) cannot be used "
+                                f"for guided decoding: {exc}") from exc
+    finally:
+        await deltas.aclose()  # type: ignore[attr-defined]

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from inferscale_memory.errors import InvalidInputError
 from inferscale_memory.fields import unicode_text
+from inferscale_memory.tools import check_tool_calls, template_messages
 
 if TYPE_CHECKING:
     from inferscale_memory.store import Fact, ScoredFact
@@ -40,7 +41,7 @@ LAYOUT_VERSION = "1"
 # last bits from the same tokens inside a normal-sized prompt. Padding after the captured
 # span cannot change its KV (attention is causal).
 MIN_CAPTURE_TOKENS = 64
-ROLES = {"system", "user", "assistant"}
+ROLES = {"system", "user", "assistant", "tool"}
 
 
 @dataclass(frozen=True)
@@ -79,10 +80,15 @@ class PromptBuilder:
         self.fact_ids = lru_cache(maxsize=65536)(self._fact_ids)
 
     def build(self, messages: Sequence[dict[str, Any]],
-              facts: Sequence[tuple[str, str]]) -> PromptLayout:
-        """Lay out ``messages`` with ``facts`` ((id, text) pairs, in prompt order)."""
-        header_text, footer_text = self._render(messages)
+              facts: Sequence[tuple[str, str]],
+              tools: Sequence[dict[str, Any]] | None = None) -> PromptLayout:
+        """Lay out ``messages`` with ``facts`` ((id, text) pairs, in prompt order) and the
+        ``tools`` the chat template renders (after the facts: the memory span is the same)."""
+        header_text, footer_text = self._render(messages, tools)
         if self._encode(header_text) != self.header_ids:
+            if tools:  # e.g. Llama 3.1's, which writes "Environment: ipython" first
+                raise InvalidInputError("the chat template renders tools before the system "
+                                        "message: the facts would follow another header")
             raise InvalidInputError("the chat template renders a message-dependent header")
         token_ids = list(self.header_ids)
         spans = []
@@ -116,14 +122,16 @@ class PromptBuilder:
     def _encode(self, text: str) -> list[int]:
         return list(self._tokenizer.encode(text, add_special_tokens=False))
 
-    def _render(self, messages: Sequence[dict[str, Any]]) -> tuple[str, str]:
-        conversation = validate_messages(messages)
+    def _render(self, messages: Sequence[dict[str, Any]],
+                tools: Sequence[dict[str, Any]] | None = None) -> tuple[str, str]:
+        conversation = template_messages(validate_messages(messages))
         extra = [m["content"] for m in conversation if m["role"] == "system"]
         rest = [m for m in conversation if m["role"] != "system"]
         system = "\n\n".join([self._postamble, *extra])
         full = [{"role": "system", "content": f"{self._preamble}{SENTINEL}{system}"}, *rest]
         rendered = self._tokenizer.apply_chat_template(
-            full, tokenize=False, add_generation_prompt=True)
+            full, tokenize=False, add_generation_prompt=True,
+            **({"tools": list(tools)} if tools else {}))
         if rendered.count(SENTINEL) != 1:
             raise InvalidInputError("the chat template does not keep the system message")
         header, footer = rendered.split(SENTINEL)
@@ -169,8 +177,13 @@ def prompt_contexts(prompt: Sequence[Fact], facts: Sequence[Fact], count: int
             for fact in facts}
 
 
-def validate_messages(messages: Any) -> list[dict[str, str]]:
-    """Check an OpenAI-style message list; return it as plain dicts."""
+def validate_messages(messages: Any) -> list[dict[str, Any]]:
+    """Check an OpenAI-style message list; return it as plain dicts.
+
+    Besides ``system``, ``user`` and ``assistant`` messages (``content`` text), an
+    assistant message may carry ``tool_calls`` (its ``content`` may then be ``None``), and a
+    ``tool`` message answers one of them (``tool_call_id``, ``content`` the result).
+    """
     if not isinstance(messages, Sequence) or isinstance(messages, str | bytes):
         raise InvalidInputError("messages must be a list of {'role', 'content'} dicts")
     out = []
@@ -180,8 +193,27 @@ def validate_messages(messages: Any) -> list[dict[str, str]]:
         role, content = message.get("role"), message.get("content")
         if not isinstance(role, str) or role not in ROLES:
             raise InvalidInputError(f"message {i}: role must be one of {sorted(ROLES)}")
+        if role == "assistant" and message.get("tool_calls"):
+            out.append(_tool_call_message(message, i))
+            continue
         if not isinstance(content, str):
             raise InvalidInputError(f"message {i}: content must be a string")
         unicode_text(content, f"message {i}: content")
+        if role == "tool":
+            if not isinstance(message.get("tool_call_id"), str):
+                raise InvalidInputError(f"message {i}: a tool message needs tool_call_id")
+            out.append({"role": role, "content": content,
+                        "tool_call_id": message["tool_call_id"]})
+            continue
         out.append({"role": role, "content": content})
     return out
+
+
+def _tool_call_message(message: dict[str, Any], i: int) -> dict[str, Any]:
+    content = message.get("content")
+    if content is not None and not isinstance(content, str):
+        raise InvalidInputError(f"message {i}: content must be a string or null")
+    if content is not None:
+        unicode_text(content, f"message {i}: content")
+    return {"role": "assistant", "content": content or "",
+            "tool_calls": check_tool_calls(message["tool_calls"], f"message {i}")}

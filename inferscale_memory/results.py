@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from inferscale_memory.store import ScoredFact
+from inferscale_memory.tools import ToolCall, ToolCallDelta
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,12 @@ class ChatMetrics:
 
 @dataclass(frozen=True)
 class ChatResult:
-    """An answer. ``token_ids``/``logprobs`` are the generated tokens (for A/B checks)."""
+    """An answer. ``token_ids``/``logprobs`` are the generated tokens (for A/B checks).
+
+    ``tool_calls``: the calls the model made (``tools``), in OpenAI's shape through
+    :meth:`ToolCall.to_dict`; ``text`` is then the content before them (often ``""``), and
+    ``finish_reason`` is ``"tool_calls"``.
+    """
 
     text: str
     metrics: ChatMetrics
@@ -62,14 +68,19 @@ class ChatResult:
     token_ids: list[int]
     finish_reason: str | None = None
     logprobs: list[dict[int, float]] | None = None
+    tool_calls: list[ToolCall] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
 class ChatChunk:
-    """A piece of a streamed answer; the last chunk carries the whole ``result``."""
+    """A piece of a streamed answer; the last chunk carries the whole ``result``.
+
+    ``tool_calls``: pieces of tool calls (:class:`ToolCallDelta`, OpenAI's streamed shape).
+    """
 
     text: str
     result: ChatResult | None = None
+    tool_calls: list[ToolCallDelta] = field(default_factory=list)
 
 
 @dataclass

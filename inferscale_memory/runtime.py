@@ -97,6 +97,7 @@ class VllmRuntime:
         from inferscale_memory.connector import kv_transfer_config
         from inferscale_memory.connector.compat import (
             check_vllm_version,
+            compact_json_outputs_config,
             start_async_llm,
             start_environment,
         )
@@ -111,6 +112,11 @@ class VllmRuntime:
             tensor_parallel_size=self.config.tensor_parallel_size,
             gpu_memory_utilization=self.config.gpu_memory_utilization,
             enable_prefix_caching=True,
+            # Guided decoding (tools, response_format) writes compact JSON: with any
+            # whitespace allowed, a small model can spend max_tokens on it. vLLM 0.26 and
+            # 0.32 read this engine-wide, not per request, and only for a named backend
+            # (xgrammar: vLLM's default under "auto").
+            structured_outputs_config=compact_json_outputs_config(),
             kv_transfer_config=kv_transfer_config(
                 {"pool_bytes": int(self.config.kv_pool_gb * (1 << 30)),
                  "host_pool_bytes": int(self.config.kv_host_pool_gb * (1 << 30))}),
@@ -203,6 +209,8 @@ class VllmRuntime:
                      params: RequestParams | None = None, tenant: str | None = None,
                      stop: list[str] | None = None, logprobs: int | None = None,
                      seed: int | None = None, ignore_eos: bool = False,
+                     structured_outputs: dict[str, Any] | None = None,
+                     skip_special_tokens: bool = True,
                      **sampling_options: float) -> AsyncIterator[Delta]:
         """Generate from ``token_ids``; yield text deltas, then the :class:`Completion`.
 
@@ -210,6 +218,8 @@ class VllmRuntime:
         :func:`request_salt` (``tenant``: who asks, for a request without ``params``).
         ``sampling_options``: ``top_p``, ``top_k``, ``presence_penalty``,
         ``frequency_penalty`` (checked by :func:`~inferscale_memory.options.check_options`).
+        ``structured_outputs``: keyword arguments of vLLM's ``StructuredOutputsParams``
+        (guided decoding; the same fields in vLLM 0.26 and 0.32).
         """
         from inferscale_memory.connector.compat import delta_sampling_params
 
@@ -217,7 +227,10 @@ class VllmRuntime:
         sampling = delta_sampling_params(max_tokens=max_tokens, temperature=temperature,
                                          stop=stop, logprobs=logprobs, seed=seed,
                                          extra_args=extra, ignore_eos=ignore_eos,
-                                         detokenize=self.detokenize, **sampling_options)
+                                         detokenize=self.detokenize,
+                                         skip_special_tokens=skip_special_tokens,
+                                         structured_outputs=structured_outputs,
+                                         **sampling_options)
         prompt: dict[str, Any] = {"prompt_token_ids": list(token_ids),
                                   "cache_salt": request_salt(tenant, params)}
         done = Completion(logprobs=[] if logprobs else None)

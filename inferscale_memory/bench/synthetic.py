@@ -46,14 +46,18 @@ SHAPES: dict[str, dict[str, Any]] = {
 }
 
 
-def write_dummy_model(folder: Path, shape: str) -> Path:
-    """A model folder holding only ``config.json`` (use with ``load_format="dummy"``)."""
+def write_dummy_model(folder: Path, shape: str,
+                      overrides: dict[str, Any] | None = None) -> Path:
+    """A model folder holding only ``config.json`` (use with ``load_format="dummy"``);
+    ``overrides`` change fields of the shape (e.g. ``vocab_size`` for another tokenizer)."""
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.json").write_text(json.dumps(SHAPES[shape], indent=2))
+    (folder / "config.json").write_text(json.dumps({**SHAPES[shape], **(overrides or {})},
+                                                   indent=2))
     return folder
 
 
-def write_random_model(folder: Path, shape: str, seed: int = 0) -> Path:
+def write_random_model(folder: Path, shape: str, seed: int = 0,
+                       overrides: dict[str, Any] | None = None) -> Path:
     """A model folder with random weights of usable scale (a Llama-like ``shape``).
 
     vLLM's ``load_format="dummy"`` draws every weight, norms included, from
@@ -64,10 +68,10 @@ def write_random_model(folder: Path, shape: str, seed: int = 0) -> Path:
     import torch
     from safetensors.torch import save_file
 
-    write_dummy_model(folder, shape)
+    write_dummy_model(folder, shape, overrides)
     gen = torch.Generator().manual_seed(seed)
     weights = {}
-    for name, size in _llama_tensors(SHAPES[shape]).items():
+    for name, size in _llama_tensors({**SHAPES[shape], **(overrides or {})}).items():
         if len(size) == 1:
             weights[name] = torch.ones(size, dtype=torch.bfloat16)
         else:  # embeddings N(0, 1), projections N(0, 1/fan_in)

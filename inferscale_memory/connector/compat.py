@@ -97,12 +97,55 @@ def _cuda_initialized() -> bool:
     return bool(torch.cuda.is_initialized())
 
 
-def delta_sampling_params(**kwargs: Any) -> Any:
-    """vLLM's ``SamplingParams`` whose outputs stream as deltas (new tokens and text only)."""
-    from vllm import SamplingParams
-    from vllm.sampling_params import RequestOutputKind
+def delta_sampling_params(*, structured_outputs: dict[str, Any] | None = None,
+                          **kwargs: Any) -> Any:
+    """vLLM's ``SamplingParams`` whose outputs stream as deltas (new tokens and text only).
 
-    return SamplingParams(output_kind=RequestOutputKind.DELTA, **kwargs)
+    ``structured_outputs``: keyword arguments of vLLM's ``StructuredOutputsParams`` (guided
+    decoding; the same fields in vLLM 0.26 and 0.32), or ``None``.
+    """
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
+
+    guided = StructuredOutputsParams(**structured_outputs) if structured_outputs else None
+    return SamplingParams(output_kind=RequestOutputKind.DELTA, structured_outputs=guided,
+                          **kwargs)
+
+
+def extract_tool_calls(parser: str, tools: list[dict[str, Any]], text: str,
+                       tokenizer: Any) -> Any:
+    """vLLM's tool parser ``parser`` run over a finished answer's ``text``; vLLM's
+    ``ExtractedToolCallInformation`` (``tools_called``, ``tool_calls``, ``content``).
+
+    The interface (``ToolParserManager``, ``extract_tool_calls(text, request)`` taking
+    vLLM's own ``ChatCompletionRequest``) is the same in vLLM 0.26 and 0.32.
+    """
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+    from vllm.tool_parsers import ToolParserManager
+
+    request = ChatCompletionRequest(messages=[], tools=tools, tool_choice="auto")
+    return ToolParserManager.get_tool_parser(parser)(tokenizer).extract_tool_calls(text, request)
+
+
+def request_validation_errors() -> tuple[type[Exception], ...]:
+    """What vLLM raises for a request it refuses (e.g. a JSON schema its guided decoding
+    cannot compile): ``ValueError`` in vLLM 0.26, ``VLLMValidationError`` (not a
+    ``ValueError``) in 0.32."""
+    try:
+        from vllm.exceptions import VLLMValidationError
+    except ImportError:
+        return (ValueError,)
+    return (ValueError, VLLMValidationError)
+
+
+def compact_json_outputs_config() -> Any:
+    """The engine's ``StructuredOutputsConfig``: xgrammar (vLLM's default under "auto"),
+    compact JSON. With any whitespace allowed a small model can spend ``max_tokens`` on
+    it; vLLM 0.26 and 0.32 read ``disable_any_whitespace`` engine-wide only, and only for
+    a named backend."""
+    from vllm.config import StructuredOutputsConfig
+
+    return StructuredOutputsConfig(backend="xgrammar", disable_any_whitespace=True)
 
 
 def kv_transfer_config(module: str, cls: str, extra: dict[str, Any]) -> Any:

@@ -34,13 +34,18 @@ from inferscale_memory.server.schemas import (
     ChoiceLogprobs,
     ChunkChoice,
     ChunkDelta,
+    ChunkFunctionCall,
+    ChunkToolCall,
     MemoryOptions,
     MemoryReport,
+    NamedToolChoice,
     PromptTokensDetails,
     TokenLogprob,
+    ToolCall,
     TopLogprob,
     Usage,
 )
+from inferscale_memory.tools import ToolCallDelta
 
 logger = logging.getLogger(__name__)
 router = APIRouter(tags=["chat"])
@@ -63,7 +68,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
     call.observe(result)
     return ChatCompletion(
         id=call.id, created=call.created, model=ctx.model_name,
-        choices=[Choice(message=AssistantMessage(content=result.text),
+        choices=[Choice(message=_message(result),
                         finish_reason=result.finish_reason,
                         logprobs=call.logprobs(result))],
         usage=_usage(result), memory=call.report(result))
@@ -104,8 +109,7 @@ class _Call:
         self.mode = options.mode if user is not None else "off"
         self.k = options.k or ctx.engine.config.k
         self.top_logprobs = (body.top_logprobs or 0) if body.logprobs else None
-        self.messages = [{"role": "system" if m.role == "developer" else m.role,
-                          "content": m.text()} for m in body.messages]
+        self.messages = [m.to_engine() for m in body.messages]
         kwargs: dict[str, Any] = {  # a user without facts yet: the engine answers plainly
             "user_id": None if self.mode == "off" else user, "tenant": user, "k": options.k,
             "mode": "text" if self.mode == "off" else self.mode,
@@ -113,6 +117,13 @@ class _Call:
             "max_tokens": body.max_completion_tokens or body.max_tokens,
             "stop": body.stop_list(), "seed": body.seed, "ignore_eos": body.ignore_eos or None,
             "logprobs": max(1, self.top_logprobs) if self.top_logprobs is not None else None,
+            "tools": [t.model_dump(exclude_none=True) for t in body.tools]
+            if body.tools else None,
+            "tool_choice": body.tool_choice.model_dump()
+            if isinstance(body.tool_choice, NamedToolChoice) else body.tool_choice,
+            "parallel_tool_calls": body.parallel_tool_calls,
+            "response_format": body.response_format.to_engine()
+            if body.response_format else None,
         }
         for name in ("temperature", "top_p", "top_k", "presence_penalty", "frequency_penalty"):
             if getattr(body, name) is not None:
@@ -123,15 +134,12 @@ class _Call:
     @classmethod
     def prepare(cls, ctx: ServerContext, body: ChatCompletionRequest,
                 user: str | None) -> _Call:
-        if body.tools or body.functions:
-            raise APIError(400, "tools and functions are not supported by this server",
-                           param="tools", code="unsupported_parameter")
+        if body.functions:
+            raise APIError(400, "functions are not supported by this server; send tools",
+                           param="functions", code="unsupported_parameter")
         if body.logit_bias:
             raise APIError(400, "logit_bias is not supported by this server",
                            param="logit_bias", code="unsupported_parameter")
-        if body.response_format and body.response_format.get("type") != "text":
-            raise APIError(400, "only response_format {\"type\": \"text\"} is supported",
-                           param="response_format", code="unsupported_parameter")
         if body.stream and body.logprobs:
             raise APIError(400, "logprobs are only supported without stream",
                            param="logprobs", code="unsupported_parameter")
@@ -177,8 +185,9 @@ class _Call:
             yield self._chunk([ChunkChoice(delta=ChunkDelta(role="assistant", content=""))])
             chunk: ChatChunk | None = first
             while chunk is not None:
-                if chunk.text:
-                    yield self._chunk([ChunkChoice(delta=ChunkDelta(content=chunk.text))])
+                if chunk.text or chunk.tool_calls:
+                    yield self._chunk([ChunkChoice(delta=ChunkDelta(
+                        content=chunk.text or None, tool_calls=_tool_deltas(chunk.tool_calls)))])
                 if chunk.result is not None:
                     for event in self._finish(chunk.result, include_usage):
                         yield event
@@ -204,6 +213,22 @@ class _Call:
                                     model=self.ctx.model_name, choices=choices, **extra)
         skip = {"memory"} if chunk.memory is None else None
         return f"data: {chunk.model_dump_json(exclude=skip)}\n\n".encode()
+
+
+def _message(result: ChatResult) -> AssistantMessage:
+    if not result.tool_calls:
+        return AssistantMessage(content=result.text)
+    return AssistantMessage(content=result.text or None,
+                            tool_calls=[ToolCall(**call.to_dict()) for call in result.tool_calls])
+
+
+def _tool_deltas(deltas: list[ToolCallDelta]) -> list[ChunkToolCall] | None:
+    """OpenAI's streamed tool-call shape: the first piece of a call has its id and name."""
+    if not deltas:
+        return None
+    return [ChunkToolCall(index=d.index, id=d.id, type="function" if d.id else None,
+                          function=ChunkFunctionCall(name=d.name, arguments=d.arguments))
+            for d in deltas]
 
 
 def _usage(result: ChatResult) -> Usage:

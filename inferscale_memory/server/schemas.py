@@ -3,8 +3,10 @@
 Requests honour OpenAI's sampling parameters (``temperature``, ``top_p``,
 ``presence_penalty``, ``frequency_penalty``, ``seed``, ``stop``, ``max_tokens``; vLLM's
 ``top_k`` and ``ignore_eos``), accept and ignore bookkeeping ones (``metadata``, ``store``,
-...) and reject ones whose silent omission would change the answer (``tools``,
-``logit_bias``, a ``response_format`` other than text, ``n`` > 1). Validation is strict:
+...) and reject ones whose silent omission would change the answer (``functions``,
+``logit_bias``, ``n`` > 1). ``tools``, ``tool_choice``, ``parallel_tool_calls`` and
+``response_format`` (``json_object``, ``json_schema``) are OpenAI's (see
+:mod:`inferscale_memory.tools`). Validation is strict:
 no string or boolean is coerced to another type (``"stream": "yes"`` and ``"k": true`` are
 400s). The memory extensions are ``memory`` in the request (:class:`MemoryOptions`) and
 ``memory`` in the response (:class:`MemoryReport`), plus ``injected_tokens`` and
@@ -61,20 +63,116 @@ class TextPart(BaseModel):
     text: str
 
 
-class ChatMessage(BaseModel):
-    """One message of the conversation (``developer`` is treated as ``system``)."""
+class FunctionCallParam(BaseModel):
+    """The function of a tool call: ``arguments`` is a JSON object as text."""
 
     model_config = ConfigDict(extra="ignore", strict=True)
 
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart]
+    name: str
+    arguments: str
+
+
+class ToolCallParam(BaseModel):
+    """A tool call of an earlier assistant message."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCallParam
+
+
+class ChatMessage(BaseModel):
+    """One message of the conversation (``developer`` is treated as ``system``).
+
+    An ``assistant`` message may carry ``tool_calls`` (``content`` may then be null), and a
+    ``tool`` message carries the result of one (``tool_call_id``).
+    """
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCallParam] | None = Field(None, max_length=128)
+    tool_call_id: str | None = None
 
     def text(self) -> str:
         """The message's text (text parts joined)."""
         if isinstance(self.content, str):
             return self.content
-        return "".join(part.text for part in self.content)
+        return "".join(part.text for part in self.content or [])
+
+    def to_engine(self) -> dict[str, Any]:
+        """The message as :meth:`MemoryEngine.chat` takes it."""
+        message: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role,
+                                   "content": None if self.content is None else self.text()}
+        if self.tool_calls:
+            message["tool_calls"] = [call.model_dump() for call in self.tool_calls]
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
+        return message
+
+
+class FunctionParam(BaseModel):
+    """A function the model may call: its ``parameters`` are a JSON schema."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolParam(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    type: Literal["function"]
+    function: FunctionParam
+
+
+class NamedFunction(BaseModel):
+    model_config = ConfigDict(strict=True)
+
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    """``tool_choice`` naming the function the model must call."""
+
+    model_config = ConfigDict(strict=True)
+
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class JsonSchemaFormat(BaseModel):
+    """``response_format.json_schema``: the answer is JSON valid against ``schema``."""
+
+    model_config = ConfigDict(extra="ignore", strict=True, populate_by_name=True)
+
+    name: str = Field(max_length=64)
+    description: str | None = None
+    json_schema: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    """``response_format``: ``text``, ``json_object`` or ``json_schema`` (guided decoding)."""
+
+    model_config = ConfigDict(strict=True)
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    def to_engine(self) -> dict[str, Any]:
+        if self.type != "json_schema":
+            return {"type": self.type}
+        if self.json_schema is None:
+            return {"type": "json_schema"}  # the engine says what is missing
+        spec = self.json_schema.model_dump(by_alias=True, exclude_none=True)
+        return {"type": "json_schema", "json_schema": spec}
 
 
 class MemoryOptions(BaseModel):
@@ -131,11 +229,13 @@ class ChatCompletionRequest(BaseModel):
     n: int = Field(1, ge=1, le=1, description="Only 1 is supported")
     user: str | None = Field(None, description="The memory tenant (or X-Memory-User)")
     memory: MemoryOptions | None = None
-    tools: list[Any] | None = Field(None, description="Not supported: must be absent")
-    functions: list[Any] | None = Field(None, description="Not supported: must be absent")
+    tools: list[ToolParam] | None = Field(None, max_length=128)
+    tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    functions: list[Any] | None = Field(None, description="Not supported: must be absent "
+                                        "(use tools)")
     logit_bias: dict[str, Any] | None = Field(None, description="Not supported: must be absent")
-    response_format: dict[str, Any] | None = Field(
-        None, description='Only {"type": "text"} is supported')
+    response_format: ResponseFormat | None = None
 
     def stop_list(self) -> list[str] | None:
         """``stop`` as a list (``None`` when absent)."""
@@ -191,9 +291,21 @@ class ChoiceLogprobs(BaseModel):
     content: list[TokenLogprob] | None
 
 
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str = Field(description="The arguments, a JSON object as text")
+
+
+class ToolCall(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[ToolCall] | None = None
 
 
 class Choice(BaseModel):
@@ -215,9 +327,24 @@ class ChatCompletion(BaseModel):
     memory: MemoryReport
 
 
+class ChunkFunctionCall(BaseModel):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class ChunkToolCall(BaseModel):
+    """A piece of tool call ``index``: ``id`` and ``name`` come first, then arguments."""
+
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: ChunkFunctionCall
+
+
 class ChunkDelta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[ChunkToolCall] | None = None
 
 
 class ChunkChoice(BaseModel):

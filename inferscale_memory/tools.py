@@ -1,0 +1,378 @@
+"""Tool calls and structured output of :meth:`MemoryEngine.chat`, in OpenAI's shapes.
+
+The memory span is untouched: the tools go into the model's own chat template (after the
+facts, in the footer), so the facts are injected as KV exactly as without tools. What
+vLLM already has does the rest:
+
+- ``tool_choice="auto"``: the model writes its calls in its own format and one of vLLM's
+  tool parsers reads them (``hermes`` for Qwen2.5's ``<tool_call>`` blocks,
+  ``llama3_json`` for Llama 3.x); the parser is chosen from the chat template and can be
+  overridden (:attr:`MemoryEngine.tool_parser`).
+- ``tool_choice="required"`` or a named function, and ``response_format``
+  (``json_object``, ``json_schema``): vLLM's structured outputs (guided decoding) constrain
+  the answer to JSON of the schema, as vLLM's own server does: a list of
+  ``{"name", "parameters"}`` for ``required``, the function's arguments for a named one.
+  Guided decoding works on any model, even one without a tool template.
+
+A model whose chat template ignores ``tools`` (the embedded SmolLM2-135M) refuses tools
+with :class:`InvalidInputError`; ``response_format`` works on it.
+
+Example:
+    >>> reply = engine.chat(messages, user_id="caroline", tools=[WEATHER],  # doctest: +SKIP
+    ...                     tool_choice="required")
+    >>> reply.tool_calls[0].name, json.loads(reply.tool_calls[0].arguments)  # doctest: +SKIP
+    ('get_weather', {'city': 'Berlin'})
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from inferscale_memory.errors import InvalidInputError
+
+TOOL_CHOICES = ("auto", "none", "required")
+RESPONSE_FORMATS = ("text", "json_object", "json_schema")
+MAX_TOOLS = 128
+TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+# Parsers of vLLM (``--tool-call-parser`` names), by a marker of the chat template.
+TEMPLATE_PARSERS = (("<tool_call>", "hermes"), ("<|python_tag|>", "llama3_json"),
+                    ("ipython", "llama3_json"))
+TOOL_MODELS = ("Qwen2.5-Instruct (hermes)", "Llama-3.1/3.2-Instruct (llama3_json)")
+_EMPTY_OBJECT = {"type": "object", "properties": {}}
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A call the model made: ``arguments`` is the JSON text of the arguments object."""
+
+    id: str
+    name: str
+    arguments: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """The OpenAI shape: ``{"id", "type": "function", "function": {...}}``."""
+        return {"id": self.id, "type": "function",
+                "function": {"name": self.name, "arguments": self.arguments}}
+
+
+@dataclass(frozen=True)
+class ToolCallDelta:
+    """A streamed piece of tool call ``index``: the first one has ``id`` and ``name``,
+    the ``arguments`` pieces joined are the call's arguments."""
+
+    index: int
+    id: str | None = None
+    name: str | None = None
+    arguments: str = ""
+
+
+@dataclass(frozen=True)
+class ToolRequest:
+    """The checked ``tools``, ``tool_choice``, ``parallel_tool_calls`` and
+    ``response_format`` of one chat call."""
+
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    choice: str | dict[str, Any] = "none"  # "auto", "none", "required" or a named function
+    parallel: bool = True
+    response_format: dict[str, Any] | None = None
+    parser: str | None = None  # vLLM tool parser of "auto"
+
+    @property
+    def calls_tools(self) -> bool:
+        """Whether the answer may hold tool calls."""
+        return bool(self.tools) and self.choice != "none"
+
+    @property
+    def named(self) -> str | None:
+        """The forced function's name (``tool_choice={"type": "function", ...}``)."""
+        return self.choice["function"]["name"] if isinstance(self.choice, dict) else None
+
+    def structured_outputs(self) -> dict[str, Any] | None:
+        """Keyword arguments of vLLM's ``StructuredOutputsParams``, or ``None`` (the JSON
+        is compact: the runtime starts vLLM with ``disable_any_whitespace``)."""
+        if self.calls_tools and self.named is not None:
+            return {"json": self._parameters(self.named)}
+        if self.calls_tools and self.choice == "required":
+            schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": {
+                "type": "object", "anyOf": [_call_schema(t["function"]) for t in self.tools]}}
+            if not self.parallel:
+                schema["maxItems"] = 1
+            return {"json": schema}
+        if self.response_format is None or self.response_format["type"] == "text":
+            return None
+        if self.response_format["type"] == "json_object":
+            return {"json_object": True}
+        return {"json": self.response_format["json_schema"].get("schema", _EMPTY_OBJECT)}
+
+    def _parameters(self, name: str) -> dict[str, Any]:
+        for tool in self.tools:
+            if tool["function"]["name"] == name:
+                return tool["function"].get("parameters") or _EMPTY_OBJECT
+        raise AssertionError(name)  # check_tool_request made sure it is there
+
+    def parse(self, text: str, tokenizer: Any) -> tuple[str | None, list[ToolCall]]:
+        """Split a finished answer into its content and its tool calls."""
+        if not self.calls_tools:
+            return text, []
+        if self.named is not None:
+            return (None, [ToolCall(new_call_id(), self.named, text.strip())]) \
+                if _is_object(text) else (text, [])
+        if self.choice == "required":
+            return _parse_required(text)
+        return _parse_with_vllm(self, text, tokenizer)
+
+
+def check_tool_request(tools: Any = None, tool_choice: Any = None,
+                       parallel_tool_calls: Any = None, response_format: Any = None,
+                       parser: str | None = None) -> ToolRequest | None:
+    """Check the tool and output options of one call (``None``: none given).
+
+    Raises:
+        InvalidInputError: A malformed tool, an unknown ``tool_choice``, a named function
+            that is not among ``tools``, a bad ``response_format``, or a ``response_format``
+            other than text together with tools that may be called.
+    """
+    if tools is None and tool_choice is None and parallel_tool_calls is None \
+            and response_format is None:
+        return None
+    checked = _tools(tools)
+    choice = _choice(tool_choice, checked)
+    if parallel_tool_calls is not None and not isinstance(parallel_tool_calls, bool):
+        raise InvalidInputError(
+            f"parallel_tool_calls must be true or false; got {parallel_tool_calls!r:.50}")
+    request = ToolRequest(checked, choice, parallel_tool_calls is not False,
+                          _response_format(response_format), parser)
+    if request.calls_tools and request.structured_outputs() is not None \
+            and request.response_format not in (None, {"type": "text"}):
+        raise InvalidInputError("response_format and tools constrain the same answer; "
+                                "send one, or tool_choice='none'")
+    return request
+
+
+def template_parser(tokenizer: Any) -> str | None:
+    """vLLM's tool parser for the model's chat template, or ``None`` when the template
+    ignores ``tools`` (the model has no tool template)."""
+    if not template_renders_tools(tokenizer):
+        return None
+    template = str(tokenizer.chat_template)
+    for marker, parser in TEMPLATE_PARSERS:
+        if marker in template:
+            return parser
+    return "hermes"  # vLLM's generic JSON-in-tags format
+
+
+def template_renders_tools(tokenizer: Any) -> bool:
+    """Whether the chat template renders ``tools`` at all."""
+    probe = [{"role": "user", "content": "probe"}]
+    tool = {"type": "function", "function": {"name": "inferscale_probe", "parameters": {}}}
+    try:
+        with_tools = tokenizer.apply_chat_template(probe, tools=[tool], tokenize=False,
+                                                   add_generation_prompt=True)
+    except Exception:  # a template that fails on tools has none
+        return False
+    return "inferscale_probe" in with_tools
+
+
+def refuse_without_template(model: str) -> InvalidInputError:
+    """The error for tools sent to a model whose chat template has none."""
+    return InvalidInputError(
+        f"the model {model} has no tool template, so it cannot be given tools; use a model "
+        f"whose chat template renders tools ({', '.join(TOOL_MODELS)}). response_format "
+        "(json_object, json_schema) works on any model")
+
+
+def new_call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+class ToolStream:
+    """Turns the streamed text of an answer into content and tool-call deltas.
+
+    A named function's arguments stream as they are generated (the answer *is* the
+    arguments object). Calls of ``required`` and ``auto`` are parsed when the answer is
+    finished and arrive as whole calls (one delta each), with any content before them.
+    """
+
+    def __init__(self, request: ToolRequest) -> None:
+        self.request = request
+        self._named_id = new_call_id() if request.named is not None else None
+        self._started = False
+
+    def feed(self, text: str) -> tuple[str, list[ToolCallDelta]]:
+        """Content to send now and tool-call deltas, for a new piece of ``text``."""
+        if not self.request.calls_tools:
+            return text, []
+        if self.request.named is None or not text:
+            return "", []
+        first = not self._started
+        self._started = True
+        return "", [ToolCallDelta(0, self._named_id if first else None,
+                                  self.request.named if first else None, text)]
+
+    def finish(self, content: str | None, calls: list[ToolCall]
+               ) -> tuple[str, list[ToolCallDelta]]:
+        """What is left to send once the answer is parsed into ``content`` and ``calls``."""
+        if not self.request.calls_tools or self.request.named is not None:
+            return "", []
+        return content or "", [ToolCallDelta(i, call.id, call.name, call.arguments)
+                               for i, call in enumerate(calls)]
+
+    @property
+    def named_call_id(self) -> str | None:
+        """The id streamed for the named function's call (the result's call uses it)."""
+        return self._named_id
+
+
+def template_messages(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Messages as Hugging Face chat templates take them: a tool call's ``arguments`` as
+    an object, not OpenAI's JSON text (as vLLM's own server hands them over)."""
+    out = []
+    for message in messages:
+        if message.get("tool_calls"):
+            calls = [{**call, "function": {**call["function"],
+                                           "arguments": json.loads(call["function"]["arguments"])}}
+                     for call in message["tool_calls"]]
+            message = {**message, "tool_calls": calls}
+        out.append(message)
+    return out
+
+
+def check_tool_calls(calls: Any, where: str) -> list[dict[str, Any]]:
+    """An assistant message's ``tool_calls`` in OpenAI's shape, checked and copied."""
+    if not isinstance(calls, list) or not calls:
+        raise InvalidInputError(f"{where}: tool_calls must be a non-empty list")
+    out = []
+    for call in calls:
+        function = call.get("function") if isinstance(call, dict) else None
+        if (not isinstance(function, dict) or not isinstance(call.get("id"), str)
+                or call.get("type", "function") != "function"
+                or not isinstance(function.get("name"), str)
+                or not isinstance(function.get("arguments"), str)
+                or not _is_object(function["arguments"])):
+            raise InvalidInputError(
+                f"{where}: each tool call must be {{'id', 'type': 'function', 'function': "
+                "{'name', 'arguments': a JSON object as text}}")
+        out.append({"id": call["id"], "type": "function",
+                    "function": {"name": function["name"], "arguments": function["arguments"]}})
+    return out
+
+
+# -- checks ------------------------------------------------------------------------------
+
+def _tools(tools: Any) -> list[dict[str, Any]]:
+    if tools is None:
+        return []
+    if not isinstance(tools, list | tuple) or len(tools) > MAX_TOOLS:
+        raise InvalidInputError(f"tools must be a list of at most {MAX_TOOLS} tools")
+    out, names = [], set()
+    for i, tool in enumerate(tools):
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(tool, dict) or tool.get("type") != "function" \
+                or not isinstance(function, dict):
+            raise InvalidInputError(f"tool {i} must be {{'type': 'function', 'function': "
+                                    "{'name', 'description', 'parameters'}}")
+        name = function.get("name")
+        if not isinstance(name, str) or not TOOL_NAME.fullmatch(name) or name in names:
+            raise InvalidInputError(f"tool {i}: the function name must be 1-64 letters, "
+                                    f"digits, '_' or '-', and unique; got {name!r:.70}")
+        parameters = function.get("parameters")
+        if parameters is not None and not isinstance(parameters, dict):
+            raise InvalidInputError(f"tool {i}: parameters must be a JSON schema object")
+        if not isinstance(function.get("description", ""), str):
+            raise InvalidInputError(f"tool {i}: description must be a string")
+        names.add(name)
+        kept = {key: function[key] for key in ("name", "description", "parameters", "strict")
+                if function.get(key) is not None}
+        out.append({"type": "function", "function": kept})
+    return out
+
+
+def _choice(choice: Any, tools: list[dict[str, Any]]) -> str | dict[str, Any]:
+    if choice is None:
+        return "auto" if tools else "none"
+    if isinstance(choice, str):
+        if choice not in TOOL_CHOICES:
+            raise InvalidInputError(f"tool_choice must be one of {TOOL_CHOICES} or a named "
+                                    f"function; got {choice!r:.50}")
+        if choice != "none" and not tools:
+            raise InvalidInputError(f"tool_choice {choice!r} needs tools")
+        return choice
+    function = choice.get("function") if isinstance(choice, dict) else None
+    name = function.get("name") if isinstance(function, dict) else None
+    if not isinstance(choice, dict) or choice.get("type") != "function" \
+            or not isinstance(name, str):
+        raise InvalidInputError("a named tool_choice must be {'type': 'function', "
+                                "'function': {'name': ...}}")
+    if name not in {t["function"]["name"] for t in tools}:
+        raise InvalidInputError(f"tool_choice names {name!r:.70}, which is not among tools")
+    return {"type": "function", "function": {"name": name}}
+
+
+def _response_format(value: Any) -> dict[str, Any] | None:
+    if value is None:
+        return None
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind not in RESPONSE_FORMATS:
+        raise InvalidInputError(f"response_format must be {{'type': one of {RESPONSE_FORMATS}}}"
+                                f"; got {value!r:.80}")
+    if kind != "json_schema":
+        return {"type": kind}
+    spec = value.get("json_schema")
+    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str) \
+            or not isinstance(spec.get("schema", {}), dict):
+        raise InvalidInputError("response_format json_schema must be {'type': 'json_schema', "
+                                "'json_schema': {'name', 'schema': a JSON schema object}}")
+    return {"type": kind, "json_schema": dict(spec)}
+
+
+def _call_schema(function: dict[str, Any]) -> dict[str, Any]:
+    return {"properties": {"name": {"type": "string", "enum": [function["name"]]},
+                           "parameters": function.get("parameters") or _EMPTY_OBJECT},
+            "required": ["name", "parameters"]}
+
+
+# -- parsing -----------------------------------------------------------------------------
+
+def _is_object(text: str) -> bool:
+    try:
+        return isinstance(json.loads(text), dict)
+    except ValueError:
+        return False
+
+
+def _parse_required(text: str) -> tuple[str | None, list[ToolCall]]:
+    """The answer of guided decoding for ``required``: a list of ``{name, parameters}``."""
+    try:
+        items = json.loads(text)
+    except ValueError:  # cut short (max_tokens): not a call
+        return text, []
+    if not isinstance(items, list) or not all(
+            isinstance(i, dict) and isinstance(i.get("name"), str)
+            and isinstance(i.get("parameters"), dict) for i in items):
+        return text, []
+    return None, [ToolCall(new_call_id(), i["name"], json.dumps(i["parameters"],
+                                                                ensure_ascii=False))
+                  for i in items]
+
+
+def _parse_with_vllm(request: ToolRequest, text: str, tokenizer: Any
+                     ) -> tuple[str | None, list[ToolCall]]:
+    """``auto``: vLLM's tool parser of the model reads the calls out of the text.
+
+    The parser's interface (``ToolParserManager``, ``extract_tool_calls(text, request)``
+    taking vLLM's own ``ChatCompletionRequest``) is the same in vLLM 0.26 and 0.32.
+    """
+    from inferscale_memory.connector.compat import extract_tool_calls
+
+    assert request.parser is not None
+    found = extract_tool_calls(request.parser, request.tools, text, tokenizer)
+    if not found.tools_called:
+        return text, []
+    calls = [ToolCall(new_call_id(), c.function.name, c.function.arguments)
+             for c in found.tool_calls]
+    return found.content or None, calls

@@ -1,0 +1,138 @@
+"""Tools and structured output on a real engine, with the user's facts injected as KV.
+
+The model has random weights and Qwen2.5's tool template (``tool_engine`` in the root
+conftest, ``tests/tool_model.py``): guided decoding makes it produce parseable calls, and
+the KV path must equal the text path.
+"""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+from test_engine import assert_same_answer, block_fact
+
+from inferscale_memory import MemoryEngine
+
+pytestmark = pytest.mark.engine
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city now.",
+    "parameters": {"type": "object", "additionalProperties": False, "required": ["city"],
+                   "properties": {"city": {"type": "string", "enum": ["Berlin", "Paris"]}}}}}
+TIME = {"type": "function", "function": {
+    "name": "get_time", "description": "The local time of a city.",
+    "parameters": {"type": "object", "additionalProperties": False, "required": ["hour"],
+                   "properties": {"hour": {"type": "integer", "minimum": 0, "maximum": 23}}}}}
+ANSWER_SCHEMA = {"type": "object", "additionalProperties": False, "required": ["city", "sure"],
+                 "properties": {"city": {"type": "string", "enum": ["Berlin", "Paris", "Rome"]},
+                                "sure": {"type": "boolean"}}}
+QUESTION = [{"role": "user", "content": "What is the weather where Caroline lives?"}]
+
+
+@pytest.fixture(scope="module")
+def user(tool_engine: MemoryEngine) -> str:
+    tool_engine.memory.add(block_fact(tool_engine, "Caroline moved to Berlin in May 2023."),
+                           user_id="tools-caroline")
+    return "tools-caroline"
+
+
+def test_the_template_picks_vllms_hermes_parser(tool_engine: MemoryEngine) -> None:
+    assert tool_engine.tool_parser == "hermes"
+
+
+def test_required_tool_call_is_parsed_with_facts_injected(tool_engine: MemoryEngine,
+                                                          user: str) -> None:
+    # parallel_tool_calls=False: a list of at most one call (random weights would go on
+    # adding calls to the list until max_tokens).
+    tool_engine.reset_prefix_cache()  # else the fact's block may be a prefix-cache hit
+    reply = tool_engine.chat(QUESTION, user_id=user, k=1, max_tokens=200,
+                             tools=[WEATHER, TIME], tool_choice="required",
+                             parallel_tool_calls=False)
+    assert reply.metrics.injected_tokens > 0
+    assert reply.finish_reason == "tool_calls", reply.text
+    assert len(reply.tool_calls) == 1
+    for call in reply.tool_calls:
+        shaped = call.to_dict()
+        assert shaped["type"] == "function" and shaped["id"].startswith("call_")
+        tool = {"get_weather": WEATHER, "get_time": TIME}[call.name]
+        jsonschema.validate(json.loads(call.arguments), tool["function"]["parameters"])
+
+
+def test_named_tool_call_streams_argument_deltas(tool_engine: MemoryEngine, user: str) -> None:
+    choice = {"type": "function", "function": {"name": "get_weather"}}
+    tool_engine.reset_prefix_cache()
+    chunks = list(tool_engine.stream_chat(QUESTION, user_id=user, k=1, max_tokens=200,
+                                          tools=[WEATHER, TIME], tool_choice=choice))
+    result = chunks[-1].result
+    assert result is not None and result.metrics.injected_tokens > 0
+    deltas = [d for c in chunks for d in c.tool_calls]
+    assert len(deltas) >= 2  # the arguments arrive in pieces
+    assert deltas[0].id == result.tool_calls[0].id and deltas[0].name == "get_weather"
+    assert all(d.index == 0 and d.name is None for d in deltas[1:])
+    arguments = "".join(d.arguments for d in deltas)
+    assert arguments.strip() == result.tool_calls[0].arguments
+    jsonschema.validate(json.loads(arguments), WEATHER["function"]["parameters"])
+    assert "".join(c.text for c in chunks) == ""
+
+
+def test_tool_result_then_final_answer_equals_the_text_path(tool_engine: MemoryEngine,
+                                                            user: str) -> None:
+    conversation = [*QUESTION,
+                    {"role": "assistant", "content": None, "tool_calls": [
+                        {"id": "call_1", "type": "function",
+                         "function": {"name": "get_weather", "arguments": '{"city": "Berlin"}'}}]},
+                    {"role": "tool", "tool_call_id": "call_1", "content": "12 C and rain"}]
+    options = dict(user_id=user, k=1, max_tokens=16, logprobs=5, tools=[WEATHER],
+                   tool_choice="none")
+    # The text path's header + fact block is computed in a prompt about as short as the
+    # fact's capture (vLLM's CPU kernels differ in the last bits by step size), then reused.
+    tool_engine.reset_prefix_cache()
+    tool_engine.chat(QUESTION, user_id=user, k=1, mode="text", max_tokens=1)
+    warm = tool_engine.chat(conversation, mode="text", **options)  # type: ignore[arg-type]
+    assert warm.metrics.cached_tokens == tool_engine.runtime.block_size
+    kv = tool_engine.chat(conversation, mode="kv", **options)  # type: ignore[arg-type]
+    assert kv.metrics.injected_tokens == tool_engine.runtime.block_size  # header + fact
+    assert kv.tool_calls == [] and kv.metrics.output_tokens > 0
+    assert_same_answer(kv, warm)
+    prompt = tool_engine.tokenizer.decode(kv.prompt_token_ids)
+    assert "<tool_response>\n12 C and rain\n</tool_response>" in prompt
+    assert '"name": "get_weather"' in prompt.split("<|im_end|>")[0]  # tools: the system part
+
+
+def test_response_format_json_schema_validates(tool_engine: MemoryEngine, user: str) -> None:
+    fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": ANSWER_SCHEMA}}
+    tool_engine.reset_prefix_cache()
+    reply = tool_engine.chat(QUESTION, user_id=user, k=1, max_tokens=200, response_format=fmt)
+    assert reply.metrics.injected_tokens > 0
+    jsonschema.validate(json.loads(reply.text), ANSWER_SCHEMA)
+
+
+def test_response_format_json_object_is_a_json_object(tool_engine: MemoryEngine,
+                                                      user: str) -> None:
+    reply = tool_engine.chat(QUESTION, user_id=user, k=1, max_tokens=64,
+                             response_format={"type": "json_object"})
+    if reply.finish_reason == "stop":  # random weights may fill max_tokens inside the object
+        assert isinstance(json.loads(reply.text), dict)
+    assert reply.text.lstrip().startswith("{")
+
+
+def test_a_bad_tool_choice_is_refused_before_vllm(tool_engine: MemoryEngine, user: str) -> None:
+    from inferscale_memory import InvalidInputError
+
+    with pytest.raises(InvalidInputError, match="not among tools"):
+        tool_engine.chat(QUESTION, user_id=user, tools=[WEATHER],
+                         tool_choice={"type": "function", "function": {"name": "nope"}})
+    assert tool_engine.healthy
+
+
+def test_a_schema_guided_decoding_cannot_use_is_refused(tool_engine: MemoryEngine,
+                                                        user: str) -> None:
+    from inferscale_memory import InvalidInputError
+
+    bad = {"type": "object", "properties": {"n": {"type": "integer", "minimum": "x"}}}
+    fmt = {"type": "json_schema", "json_schema": {"name": "bad", "schema": bad}}
+    with pytest.raises(InvalidInputError, match="guided decoding"):
+        tool_engine.chat(QUESTION, user_id=user, max_tokens=4, response_format=fmt)
+    assert tool_engine.chat(QUESTION, user_id=user, max_tokens=2).metrics.output_tokens > 0
