@@ -19,7 +19,8 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.engine
 
 SECRET = "Tenant B keeps the spare key under the third flowerpot."
-LABELS = {"route", "method", "status", "mode", "op", "le"}
+LABELS = {"route", "method", "status", "mode", "op", "le", "reason"}
+REASONS = {"off", "no_facts"}  # why an answer used no memory: never who asked
 
 
 def by_id(client: httpx.Client, method: str, fact_id: str) -> httpx.Response:
@@ -71,6 +72,7 @@ def test_metrics_and_health_name_no_tenant_fact_or_id(server: ServerHandle,
         for sample in family.samples:
             names.update(sample.labels)
             routes.update(v for k, v in sample.labels.items() if k == "route")
+            assert sample.labels.get("reason", "off") in REASONS, sample
     assert names <= LABELS, names - LABELS  # no per-tenant series to difference
     assert "/v1/memories/{memory_id}" in routes  # ids are counted under the template
     assert set(health.json()) == {"status", "model"}
