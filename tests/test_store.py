@@ -162,6 +162,15 @@ def test_search_ranks_the_berlin_fact_first(store):
     assert exact.fact.id == facts[3].id and exact.score == pytest.approx(1.0, abs=1e-4)
 
 
+@pytest.mark.parametrize("k", [2**63, 10**30])
+def test_search_with_a_k_beyond_any_database_integer_returns_every_fact(store, k):
+    # A k no SQL integer holds (PostgreSQL's LIMIT is a bigint) still means "all of them".
+    store.add(CAROLINE_FACTS, user_id="caroline")
+    hits = store.search("Where does Caroline live?", user_id="caroline", k=k)
+    assert len(hits) == len(CAROLINE_FACTS)
+    assert "Berlin" in hits[0].fact.text
+
+
 def test_memory_path_and_parent_folders(tmp_path, embedder):
     with MemoryStore(":memory:", embedder) as s:
         s.add("Caroline moved to Berlin.", user_id="c")

@@ -69,8 +69,15 @@ def check_ids(ids: Sequence[str]) -> list[str]:
     return ids
 
 
+# Above any user's fact count and inside every backend's integer (PostgreSQL's LIMIT is a
+# bigint, Qdrant's limit an uint64): a larger k asks for the same thing, all of them.
+K_CEILING = 2**31 - 1
+
+
 def check_query(vector: np.ndarray, k: int) -> int:
     """Check a search's ``k`` (an int >= 1) and the query's shape ``(dim,)``; return ``k``.
+
+    A ``k`` above :data:`K_CEILING` comes back as ``K_CEILING``: every fact either way.
 
     Raises:
         InvalidInputError: Bad ``k`` or a query that is not one vector.
@@ -79,7 +86,7 @@ def check_query(vector: np.ndarray, k: int) -> int:
         raise InvalidInputError(f"k must be an integer >= 1; got {k!r}")
     if np.asarray(vector).ndim != 1:
         raise InvalidInputError("the query vector must have shape (dim,)")
-    return int(k)
+    return min(int(k), K_CEILING)
 
 
 def top_k(ids: Sequence[str], scores: np.ndarray, k: int) -> list[tuple[str, float]]:
