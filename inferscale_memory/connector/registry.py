@@ -38,8 +38,8 @@ class Room:
     """The outcome of making room on the device for some tokens."""
 
     fits: bool  # the tokens fit the device budget now
-    # The moves made for it, in order. Made even when the tokens did not fit in the end:
-    # their victims have left the device either way, and the workers must follow.
+    # The moves made for it, in order (none when they do not fit: no fact leaves the
+    # device for a capture or promotion that cannot happen).
     moves: tuple[Move, ...] = ()
 
 
@@ -180,16 +180,19 @@ class FactRegistry:
 
     def _make_room(self, tokens: int) -> Room:
         """Demote (or evict) least recently used facts until ``tokens`` more fit the
-        device budget. They cannot fit when only shared headers, pinned facts and
-        captures in flight are left."""
+        device budget. If they cannot fit even with every movable fact gone (shared
+        headers, pinned facts and captures in flight stay), nothing is moved."""
         if self.budget_tokens is None:
             return Room(True)
-        victims = iter([key for key in self.device if self._is_movable(key)])
+        victims = [key for key in self.device if self._is_movable(key)]
+        excess = self.device_tokens + self._reserved + self._held + tokens - self.budget_tokens
+        if excess > sum(self.device[key].length for key in victims):
+            return Room(False)  # moving every victim would not do: none is moved
         moves: list[Move] = []
-        while self.device_tokens + self._reserved + self._held + tokens > self.budget_tokens:
-            key = next(victims, None)
-            if key is None:
-                return Room(False, tuple(moves))
+        for key in victims:
+            if excess <= 0:
+                break
+            excess -= self.device[key].length
             moves.extend(self._demote_or_evict(key))
         return Room(True, tuple(moves))
 

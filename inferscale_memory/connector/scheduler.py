@@ -386,6 +386,7 @@ class SchedulerSide:
                 logger.warning("fact %s does not fit the KV pool budget; not captured",
                                span.key)
                 plan.evicts.append(span.key)  # any older KV of it on the workers
+                self._capturer.pop(span.key, None)  # an earlier capture's finish is void
                 continue
             self._capturer[span.key] = req_id
             emitted.append(span)

@@ -136,12 +136,12 @@ def test_room_that_cannot_be_made_reserves_nothing() -> None:
     assert reg.reserve(12).fits  # nothing of the refused 13 was counted
 
 
-def test_moves_made_before_a_refusal_stay_made() -> None:
-    # The victims left the device: the workers must replay those moves all the same.
+def test_a_refusal_moves_no_fact() -> None:
+    # Evicting A would not make room for 13 tokens beside the header: A stays.
     reg = registry(20, facts=((HEADER, 8), (A, 4)))
-    room = reg.reserve(13)
-    assert room == Room(False, ((EVICT, A),))
-    assert list(reg.device) == [HEADER] and reg.device_tokens == 8
+    assert reg.reserve(13) == Room(False)
+    assert list(reg.device) == [HEADER, A] and reg.device_tokens == 12
+    assert reg.evictions == 0 and reg.reserve(8) == Room(True)
 
 
 def test_a_deleted_fact_read_in_the_step_keeps_its_tokens_until_the_step_ends() -> None:
@@ -205,11 +205,10 @@ def test_a_promotion_that_finds_no_room_stays_on_the_host_within_its_budget() ->
     reg = registry(20, host=10, facts=((A, 10), (B, 8), (C, 2)))
     reg.reserve(10)  # A demoted (the host tier is full); a capture of 10 is in flight
     reg.pin([A, B])
-    room = reg.promote(A)  # C is demoted for it, but B (pinned) leaves too little room
-    assert not room.fits
-    assert room.moves == ((DEMOTE, C), (EVICT, C))  # the host tier drops C, not A
+    room = reg.promote(A)  # demoting C would not do: B (pinned) leaves too little room
+    assert room == Room(False)  # so C stays on the device
     assert list(reg.host) == [A] and reg.host_tokens == 10
-    assert list(reg.device) == [B] and reg.promotions == 0
+    assert list(reg.device) == [B, C] and reg.promotions == 0 and reg.demotions == 1
 
 
 def test_host_facts_are_never_victims_of_device_room() -> None:

@@ -820,8 +820,28 @@ def test_a_promotion_that_finds_no_room_keeps_the_host_tier_within_its_budget() 
     capture_all(side, "cap3", ((HEADER, HEADER_IDS), (C, C_IDS)))  # device: + C 5
     req = inject_request("r", ((HEADER, HEADER_IDS), (B, B_IDS), (A, A_IDS)))
     _, plan = schedule(side, req, [1, 2, 3])
-    # C went to the host to make room for A, which still did not fit beside B (loaded in
-    # this step too): A stays on the host, and the host drops C again to stay in budget.
-    assert (PROMOTE, A) not in plan.moves
-    assert A in side.facts.host and side.facts.host_tokens <= len(A_IDS)
-    assert plan.moves == [(DEMOTE, C), (EVICT, C)]
+    # Demoting C would not make room for A beside B (loaded in this step too): A stays on
+    # the host (and is recomputed), C on the device.
+    assert plan.moves == []
+    assert A in side.facts.host and side.facts.host_tokens == len(A_IDS)
+    assert C in side.facts.device
+
+
+def test_a_refused_recapture_is_not_undone_by_an_earlier_capture_finishing() -> None:
+    # c1 captures A in step N; c2 recaptures A with a text too long for the budget in step
+    # N+1: refused, and A's pool entry (c1's KV) is evicted on the workers. c1 finishing
+    # afterwards must not register A, whose KV the workers no longer hold.
+    side = SchedulerSide(budget_tokens=25)
+    capture_all(side, "cap-header", ((HEADER, HEADER_IDS),))
+    caps = []
+    for name, ids in (("c1", A_IDS), ("c2", list(range(600, 620)))):
+        prompt, spans = layout((HEADER, HEADER_IDS), (A, ids))
+        caps.append(request(name, prompt + QUESTION,
+                            RequestParams("alice", LAYOUT, capture=(spans[1],))))
+        _, plan = schedule(side, caps[-1], [1, 2])
+    assert plan.captures == [] and plan.evicts == [A]  # c2's step: refused, A dropped
+    side.finished(caps[1])
+    side.finished(caps[0])
+    assert A not in side.facts.device and side.facts.device_tokens == len(HEADER_IDS)
+    req = inject_request("i", ((HEADER, HEADER_IDS), (A, A_IDS)))
+    assert schedule(side, req, [3, 4])[0] == len(HEADER_IDS)  # A is recomputed, not loaded
