@@ -41,6 +41,7 @@ CHAT = "/v1/chat/completions"
 SCHEMA_USER = "srv-schema"
 WREN = ["Wren keeps bees.", "Wren's hives are on the roof.", "Wren sells honey on Fridays."]
 MAX_TOKENS = 4
+STEERED = "valid chat for the served model"
 EXAMPLES = 30  # per operation, valid and invalid requests together
 CHECKS = [
     not_a_server_error,
@@ -99,11 +100,18 @@ def tame(case: Any, model: str, fact_ids: list[str]) -> dict[str, str]:
     return headers
 
 
-def check_case(case: Any, model: str, fact_ids: list[str], seen: Counter[tuple[str, int]]) -> None:
+def check_case(case: Any, model: str, fact_ids: list[str], seen: Counter[tuple[str, int]],
+               refusals: list[str]) -> None:
     """Send one generated request with the admin key and without a valid key."""
     headers = tame(case, model, fact_ids)
     response = case.call(headers=headers, timeout=120)
     seen[(f"{case.method} {case.path}", response.status_code)] += 1
+    if (case.path == CHAT and case.meta is not None
+            and case.meta.generation.mode == GenerationMode.POSITIVE
+            and isinstance(case.body, dict) and case.body.get("model") == model):
+        seen[STEERED, response.status_code] += 1  # a valid chat for the served model
+        if response.status_code != 200:
+            refusals.append(response.text[:300])
     case.validate_response(response, checks=CHECKS, headers=headers)
     if case.path.startswith("/v1"):
         for bad in ({}, {"Authorization": "Bearer not-a-key"}, {"Authorization": "key-a"}):
@@ -117,6 +125,7 @@ def test_server_conforms_to_its_openapi_document(server: ServerHandle, model: st
     # each operation gets its own hypothesis run here; all failures are reported together.
     schema = schemathesis.openapi.from_url(f"{server.url}/openapi.json", timeout=60)
     failures, operations, seen = {}, 0, Counter[tuple[str, int]]()
+    refusals: list[str] = []
     for result in schema.get_all_operations():
         operation = result.ok()
         operations += 1
@@ -136,16 +145,24 @@ def test_server_conforms_to_its_openapi_document(server: ServerHandle, model: st
             suppress_health_check=list(HealthCheck),
         )
         def run(case: Any) -> None:
-            check_case(case, model, fact_ids, seen)  # noqa: B023 - run right below
+            check_case(case, model, fact_ids, seen, refusals)  # noqa: B023 - run below
 
         try:
             run()
         except Exception as exc:  # noqa: BLE001 - collected, reported below
             failures[f"{operation.method.upper()} {operation.path}"] = f"{exc}"[:3000]
     print(sorted(seen.items()))
+    # A failed check first: hypothesis then shrinks, which skews the counts below.
+    assert not failures, "\n\n".join(f"{op}:\n{text}" for op, text in failures.items())
     # Operations without parameters have one possible request, sent once.
-    assert operations >= 12 and sum(seen.values()) >= (operations - 3) * EXAMPLES
-    assert seen["POST /v1/chat/completions", 200] >= 5  # answers, not only refusals
+    sent = sum(n for (key, _), n in seen.items() if key != STEERED)
+    assert operations >= 12 and sent >= (operations - 3) * EXAMPLES
+    # Answers, not only refusals: most valid chats for the served model are answered (how
+    # many valid ones hypothesis draws differs between runs; some ask for what the server
+    # refuses with a 400, such as logit_bias).
+    answered = seen[STEERED, 200]
+    steered = sum(n for (key, _), n in seen.items() if key == STEERED)
+    assert answered >= 1 and answered >= steered / 2, (answered, steered, refusals)
     for operation in (
         "POST /v1/memories",
         "GET /v1/memories",
@@ -154,7 +171,6 @@ def test_server_conforms_to_its_openapi_document(server: ServerHandle, model: st
         "PUT /v1/memories/{memory_id}",
     ):
         assert seen[operation, 200] + seen[operation, 201] >= 3, operation
-    assert not failures, "\n\n".join(f"{op}:\n{text}" for op, text in failures.items())
 
 
 def test_engine_serves_after_the_schema_tests(server: ServerHandle, model: str) -> None:
