@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from inferscale_memory.errors import MissingDependencyError, StoreError
+from inferscale_memory.store._queries import FactQueries, TxWrites
 from inferscale_memory.store.facts import Fact
 from inferscale_memory.store.index import VectorIndex, check_query
 
@@ -120,18 +121,11 @@ def _configure(register_vector: Any, conn: Any) -> None:
     conn.execute("SET synchronous_commit = on")
 
 
-class PgTx:
+class PgTx(TxWrites):
     """The write operations of one open transaction (see :meth:`PostgresFactDB.transaction`)."""
 
-    def __init__(self, conn: Any) -> None:
-        self._conn = conn
-
-    def _history(self, fact: Fact, event: str, old: str | None, new: str | None, at: float) -> None:
-        self._conn.execute(
-            "INSERT INTO history (fact_id, user_id, event, old_text, new_text, at)"
-            " VALUES (%s, %s, %s, %s, %s, %s)",
-            (fact.id, fact.user_id, event, _bytes(old), _bytes(new), at),
-        )
+    MARK = "%s"
+    _text_param = staticmethod(_bytes)
 
     def get(self, fact_id: str, user_id: str) -> Fact | None:
         """Return the fact if it is ``user_id``'s, locked until the transaction ends (so
@@ -178,11 +172,6 @@ class PgTx:
         )
         self._history(new, "UPDATE", old.text, new.text, new.updated_at)
 
-    def delete(self, fact: Fact, at: float) -> None:
-        """Delete one fact; log DELETE."""
-        self._conn.execute("DELETE FROM facts WHERE id = %s", (fact.id,))
-        self._history(fact, "DELETE", fact.text, None, at)
-
     def delete_user_facts(self, user_id: str, at: float) -> list[Fact]:
         """Delete every fact of a user (the user stays known); log DELETE for each."""
         rows = self._conn.execute(
@@ -193,16 +182,8 @@ class PgTx:
             self._history(fact, "DELETE", fact.text, None, at)
         return facts
 
-    def set_meta(self, key: str, value: str) -> None:
-        """Set one key of the ``meta`` table."""
-        self._conn.execute(
-            "INSERT INTO meta (key, value) VALUES (%s, %s)"
-            " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-            (key, value),
-        )
 
-
-class PostgresFactDB:
+class PostgresFactDB(FactQueries):
     """A PostgreSQL database holding one fact store (needs the pgvector extension).
 
     Args:
@@ -213,6 +194,10 @@ class PostgresFactDB:
         MissingDependencyError: psycopg, psycopg-pool or pgvector is not installed.
         StoreError: The server cannot be reached, has no pgvector, or holds a newer schema.
     """
+
+    MARK = "%s"
+    FACT_COLS = _FACT_COLS
+    _to_fact = staticmethod(_to_fact)
 
     def __init__(self, url: str, pool_size: int = 4) -> None:
         psycopg, register_vector, pool_cls = _imports()
@@ -288,14 +273,6 @@ class PostgresFactDB:
                          (user_id, [i for i in ids if _storable(i)]))
         return {r[0]: _to_fact(r) for r in rows}
 
-    def list_user(self, user_id: str) -> list[Fact]:
-        """Return a user's facts ordered by ``(created_at, id)``."""
-        rows = self._all(
-            f"SELECT {_FACT_COLS} FROM facts WHERE user_id = %s ORDER BY created_at, id",
-            (user_id,),
-        )
-        return [_to_fact(r) for r in rows]
-
     def embedding_matrix(self, user_id: str, dim: int) -> tuple[list[str], np.ndarray]:
         """Return a user's fact ids and their embeddings as a ``(n, dim)`` float32 array.
 
@@ -310,20 +287,6 @@ class PostgresFactDB:
         matrix = np.stack(vectors) if vectors else np.zeros((0, dim), np.float32)
         return [r[0] for r in rows], matrix.astype(np.float32, copy=False)
 
-    def users(self) -> list[str]:
-        """Return every user that ever stored a fact, sorted."""
-        return [r[0] for r in self._all("SELECT user_id FROM users ORDER BY user_id")]
-
-    def counts(self) -> tuple[int, int]:
-        """Return (users that ever stored a fact, facts stored now), in one query."""
-        users, facts = self._all(
-            "SELECT (SELECT COUNT(*) FROM users), (SELECT COUNT(*) FROM facts)")[0]
-        return int(users), int(facts)
-
-    def has_user(self, user_id: str) -> bool:
-        """Whether the user ever stored a fact."""
-        return bool(self._all("SELECT 1 FROM users WHERE user_id = %s", (user_id,)))
-
     def history(self, fact_id: str, user_id: str) -> list[dict[str, Any]]:
         """Return the events of one fact of one user, oldest first."""
         if not _storable(fact_id):
@@ -336,16 +299,6 @@ class PostgresFactDB:
         keys = ("fact_id", "user_id", "event", "old_text", "new_text", "at")
         return [dict(zip(keys, (*r[:3], _text(r[3]), _text(r[4]), r[5]), strict=True))
                 for r in rows]
-
-    def get_meta(self, key: str) -> str | None:
-        """Return one key of the ``meta`` table, or ``None``."""
-        rows = self._all("SELECT value FROM meta WHERE key = %s", (key,))
-        return rows[0][0] if rows else None
-
-    def last_timestamp(self) -> float:
-        """Return the latest time written to the store (0.0 for an empty store)."""
-        rows = self._all("SELECT MAX(at) FROM history")
-        return float(rows[0][0] or 0.0)
 
     def search(self, user_id: str, vector: np.ndarray, k: int,
                hnsw_dim: int | None = None) -> list[tuple[str, float]]:

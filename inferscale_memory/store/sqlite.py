@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from inferscale_memory.errors import StoreError
+from inferscale_memory.store._queries import FactQueries, TxWrites
 from inferscale_memory.store.facts import Fact
 
 logger = logging.getLogger(__name__)
@@ -83,18 +84,8 @@ def _blob(vector: np.ndarray) -> bytes:
     return np.ascontiguousarray(vector, dtype="<f4").tobytes()
 
 
-class Tx:
+class Tx(TxWrites):
     """The write operations of one open transaction (see :meth:`FactDB.transaction`)."""
-
-    def __init__(self, conn: sqlite3.Connection) -> None:
-        self._conn = conn
-
-    def _history(self, fact: Fact, event: str, old: str | None, new: str | None, at: float) -> None:
-        self._conn.execute(
-            "INSERT INTO history (fact_id, user_id, event, old_text, new_text, at)"
-            " VALUES (?, ?, ?, ?, ?, ?)",
-            (fact.id, fact.user_id, event, old, new, at),
-        )
 
     def get(self, fact_id: str, user_id: str) -> Fact | None:
         """Return the fact with this id if it is ``user_id``'s, or ``None``: one query
@@ -125,11 +116,6 @@ class Tx:
         )
         self._history(new, "UPDATE", old.text, new.text, new.updated_at)
 
-    def delete(self, fact: Fact, at: float) -> None:
-        """Delete one fact; log DELETE."""
-        self._conn.execute("DELETE FROM facts WHERE id = ?", (fact.id,))
-        self._history(fact, "DELETE", fact.text, None, at)
-
     def delete_user_facts(self, user_id: str, at: float) -> list[Fact]:
         """Delete every fact of a user (the user stays known); log DELETE for each."""
         rows = self._conn.execute(
@@ -142,16 +128,8 @@ class Tx:
         self._conn.execute("DELETE FROM facts WHERE user_id = ?", (user_id,))
         return facts
 
-    def set_meta(self, key: str, value: str) -> None:
-        """Set one key of the ``meta`` table."""
-        self._conn.execute(
-            "INSERT INTO meta (key, value) VALUES (?, ?)"
-            " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-            (key, value),
-        )
 
-
-class FactDB:
+class FactDB(FactQueries):
     """The SQLite file of a fact store.
 
     Args:
@@ -160,6 +138,8 @@ class FactDB:
     Raises:
         StoreError: The file is not a SQLite database, or was written by a newer schema.
     """
+
+    _to_fact = staticmethod(_to_fact)
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
@@ -252,14 +232,6 @@ class FactDB:
             out.update((r[0], _to_fact(r)) for r in rows)
         return out
 
-    def list_user(self, user_id: str) -> list[Fact]:
-        """Return a user's facts ordered by ``(created_at, id)``."""
-        rows = self._all(
-            f"SELECT {_FACT_COLS} FROM facts WHERE user_id = ? ORDER BY created_at, id",
-            (user_id,),
-        )
-        return [_to_fact(r) for r in rows]
-
     def embeddings(self, user_id: str) -> tuple[list[str], list[bytes]]:
         """Return a user's fact ids and raw float32 embedding blobs."""
         rows = self._all("SELECT id, embedding FROM facts WHERE user_id = ?", (user_id,))
@@ -276,20 +248,6 @@ class FactDB:
             raise StoreError(f"{self.path} has an embedding of the wrong size for {user_id!r}")
         return ids, np.frombuffer(b"".join(blobs), dtype="<f4").reshape(len(ids), dim)
 
-    def users(self) -> list[str]:
-        """Return every user that ever stored a fact, sorted."""
-        return [r[0] for r in self._all("SELECT user_id FROM users ORDER BY user_id")]
-
-    def counts(self) -> tuple[int, int]:
-        """Return (users that ever stored a fact, facts stored now), in one query."""
-        users, facts = self._all(
-            "SELECT (SELECT COUNT(*) FROM users), (SELECT COUNT(*) FROM facts)")[0]
-        return int(users), int(facts)
-
-    def has_user(self, user_id: str) -> bool:
-        """Whether the user ever stored a fact."""
-        return bool(self._all("SELECT 1 FROM users WHERE user_id = ?", (user_id,)))
-
     def history(self, fact_id: str, user_id: str) -> list[dict[str, Any]]:
         """Return the events of one fact of one user, oldest first."""
         rows = self._all(
@@ -299,16 +257,6 @@ class FactDB:
         )
         keys = ("fact_id", "user_id", "event", "old_text", "new_text", "at")
         return [dict(zip(keys, r, strict=True)) for r in rows]
-
-    def get_meta(self, key: str) -> str | None:
-        """Return one key of the ``meta`` table, or ``None``."""
-        rows = self._all("SELECT value FROM meta WHERE key = ?", (key,))
-        return rows[0][0] if rows else None
-
-    def last_timestamp(self) -> float:
-        """Return the latest time written to the store (0.0 for an empty store)."""
-        rows = self._all("SELECT MAX(at) FROM history")
-        return float(rows[0][0] or 0.0)
 
     def close(self) -> None:
         """Close the connection (idempotent); WAL content is checkpointed by SQLite."""
