@@ -1,0 +1,126 @@
+"""Two engine replicas over one PostgreSQL store: each keeps its own fact KV, and a change
+made on one is what the other answers with at once.
+
+Why no notification is needed (docs/scaling.md): every answer reads its facts' texts from
+the database, and the connector injects a fact's KV only if the KV's token digest equals
+the tokens of the text in the prompt. KV captured from an older text fails that check and
+is recomputed from the current text (then recaptured); a deleted fact is never retrieved.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from pg_helpers import needs_postgres
+
+from inferscale_memory import MemoryEngine
+from inferscale_memory.store import MemoryStore
+
+pytestmark = [pytest.mark.engine, pytest.mark.slow, needs_postgres]
+
+REPO = Path(__file__).resolve().parents[1]
+QUESTION = [{"role": "user", "content": "Where does Priya live?"}]
+
+
+def replica(url: str) -> MemoryEngine:
+    return MemoryEngine(store="postgres", postgres_url=url, kv_cache_gb=1, max_model_len=1024,
+                        recompute_tail=0, capture_context=0)
+
+
+def answer(engine: MemoryEngine):
+    """One KV-path answer (k=1: the fact under test), checked against the text path: the
+    same prompt always; the same answer whenever the fact was computed from its text
+    (injected KV may differ in the last bits: see block_fact in tests/test_engine.py)."""
+    kv = engine.chat(QUESTION, user_id="priya", k=1, max_tokens=8)
+    text = engine.chat(QUESTION, user_id="priya", k=1, max_tokens=8, mode="text")
+    assert kv.prompt_token_ids == text.prompt_token_ids
+    if not kv.metrics.injected_fact_ids:
+        assert kv.token_ids == text.token_ids
+    return kv
+
+
+def test_two_replicas_share_facts_and_never_inject_stale_kv(pg_url: str,
+                                                            tmp_path: Path) -> None:
+    with replica(pg_url) as a, replica(pg_url) as b:
+        # Added on A: answerable on B at once (recomputed there, then captured).
+        fact = a.memory.add("Priya lives in Lisbon.", user_id="priya")
+        a.memory.add("Priya plays the cello.", user_id="priya")
+        first = answer(b)
+        assert first.metrics.fact_ids == [fact.id]
+        assert fact.id in first.metrics.recomputed_fact_ids
+        b.wait_for_background()
+        assert fact.id in answer(b).metrics.injected_fact_ids
+        a_before = answer(a)
+        assert fact.id in a_before.metrics.injected_fact_ids  # A holds the Lisbon KV
+
+        # Updated on B: A's next answer uses the new text, never A's KV of the old one.
+        new_text = "Priya lives in Osaka."
+        b.memory.update(fact.id, new_text, user_id="priya")
+        after = answer(a)  # token-identical to A's text path of the new text
+        assert after.metrics.fact_ids == [fact.id]
+        assert fact.id in after.metrics.recomputed_fact_ids
+        assert fact.id not in after.metrics.injected_fact_ids
+        prompt = a.tokenizer.decode(after.prompt_token_ids)
+        assert new_text in prompt and "Lisbon" not in prompt
+        a.wait_for_background()
+        assert fact.id in answer(a).metrics.injected_fact_ids  # recaptured from the new text
+
+        # Deleted on A: B never retrieves it, so never injects its KV again.
+        a.memory.delete(fact.id, user_id="priya")
+        for _ in range(2):
+            result = answer(b)
+            assert fact.id not in result.metrics.fact_ids
+            assert fact.id not in result.metrics.injected_fact_ids
+
+        # A writer sharing the database is killed -9 mid-write: every write it acknowledged
+        # is there for A and B.
+        acked = kill_writer_mid_write(pg_url, tmp_path)
+        assert acked
+        for engine in (a, b):
+            stored = {f.id for f in engine.memory.list(user_id="priya")}
+            assert set(acked) <= stored
+
+
+def kill_writer_mid_write(url: str, tmp_path: Path) -> list[str]:
+    """Run a process that adds facts for priya (with the engine's own embedder), SIGKILL it
+    while it writes, and return the ids of the adds it acknowledged."""
+    script = tmp_path / "writer.py"
+    script.write_text(
+        "import json, sys\n"
+        "from inferscale_memory.embeddings import default_embedder\n"
+        "from inferscale_memory.store import MemoryStore\n"
+        "store = MemoryStore(sys.argv[1], default_embedder())\n"
+        "print(json.dumps('ready'), flush=True)\n"
+        "for n in range(100000):\n"
+        "    fact = store.add(f'Priya note {n}.', user_id='priya')\n"
+        "    print(json.dumps(fact.id), flush=True)\n")
+    proc = subprocess.Popen([sys.executable, str(script), url], stdout=subprocess.PIPE,
+                            text=True, cwd=str(REPO), env={"PYTHONPATH": str(REPO),
+                                                           "PATH": "/usr/bin:/bin",
+                                                           "HF_HUB_OFFLINE": "1"})
+    assert proc.stdout is not None
+    lines = [json.loads(proc.stdout.readline())]
+    assert lines == ["ready"]
+    while len(lines) < 6:
+        lines.append(json.loads(proc.stdout.readline()))
+    proc.send_signal(signal.SIGKILL)
+    rest = proc.stdout.read()
+    proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    acked = lines[1:] + [json.loads(line) for line in rest.splitlines(keepends=True)
+                         if line.endswith("\n")]
+    with MemoryStore(url, _Embedder384()) as store:  # read back without loading MiniLM
+        assert set(acked) <= {f.id for f in store.list(user_id="priya")}
+    return acked
+
+
+class _Embedder384:
+    dim = 384
+
+    def embed(self, texts: list[str]):  # never called: the check only lists
+        raise AssertionError("not used")
