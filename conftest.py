@@ -7,6 +7,7 @@ user ids. This file sits at the root so that both trees see the same fixture.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -59,3 +60,23 @@ def block_fact(engine: MemoryEngine) -> Callable[[str], str]:
         raise AssertionError("no padding reaches the block boundary")
 
     return pad
+
+
+@pytest.fixture(scope="session")
+def tool_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MemoryEngine]:
+    """An engine on a small random-weight model with Qwen2.5's tool chat template
+    (``tests/tool_model.py``), for the mechanics of tools and structured output."""
+    from inferscale_memory import MemoryEngine
+
+    # By path: the adapters' own ``tests`` packages shadow ours as an import name.
+    spec = importlib.util.spec_from_file_location(
+        "tool_model", Path(__file__).parent / "tests" / "tool_model.py")
+    assert spec is not None and spec.loader is not None
+    tool_model = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool_model)
+    folder = tool_model.write_tool_model(
+        tmp_path_factory.mktemp("tool-model") / "qwen-template-tiny")
+    store = tmp_path_factory.mktemp("tool-store") / "memory.sqlite"
+    with MemoryEngine(str(folder), store_path=str(store), kv_cache_gb=1, max_model_len=2048,
+                      recompute_tail=0, capture_context=0) as shared:
+        yield shared

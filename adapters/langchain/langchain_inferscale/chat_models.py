@@ -4,17 +4,38 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import json
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from operator import itemgetter
 from typing import Any, Literal
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel, LanguageModelInput
 from langchain_core.language_models.base import LangSmithParams
-from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, UsageMetadata
+from langchain_core.messages import (
+    AIMessage,
+    AIMessageChunk,
+    BaseMessage,
+    ToolMessage,
+    UsageMetadata,
+)
+from langchain_core.messages.tool import invalid_tool_call, tool_call, tool_call_chunk
+from langchain_core.output_parsers import JsonOutputParser, PydanticOutputParser
+from langchain_core.output_parsers.openai_tools import (
+    JsonOutputKeyToolsParser,
+    PydanticToolsParser,
+)
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
-from langchain_core.runnables import Runnable, RunnableConfig, ensure_config
+from langchain_core.runnables import (
+    Runnable,
+    RunnableConfig,
+    RunnableMap,
+    RunnablePassthrough,
+    ensure_config,
+)
 from langchain_core.tools import BaseTool
-from pydantic import ConfigDict, Field, SecretStr
+from langchain_core.utils.function_calling import convert_to_json_schema, convert_to_openai_tool
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from inferscale_memory import ChatChunk, MemoryEngine
 from inferscale_memory import ChatResult as MemoryResult
@@ -26,13 +47,10 @@ MEMORY_KEYS = ("user_id", "k", "mode")
 # Sampling parameters, as constructor fields and call keywords (checked by the engine).
 SAMPLING = ("temperature", "max_tokens", "seed", "top_p", "top_k", "presence_penalty",
             "frequency_penalty")
-ROLES = {"system": "system", "human": "user", "ai": "assistant"}
-NO_TOOLS = (
-    "ChatInferScale does not support tool calling: the inferscale engine renders only "
-    "system, user and assistant messages and parses no tool calls (the embedded "
-    "SmolLM2-135M-Instruct chat template has no tools section). Use a graph without tools, "
-    "or a tool-calling chat model for the agent and ChatInferScale for the answers."
-)
+# Tools and structured output, in OpenAI's shapes (checked by the engine): bind_tools and
+# with_structured_output set them.
+TOOL_KEYS = ("tools", "tool_choice", "parallel_tool_calls", "response_format")
+ROLES = {"system": "system", "human": "user", "ai": "assistant", "tool": "tool"}
 
 
 class ChatInferScale(BaseChatModel):
@@ -74,7 +92,15 @@ class ChatInferScale(BaseChatModel):
     :class:`~langchain_inferscale.InferScaleRetriever` chain) are not injected again:
     ``response_metadata["memory"]["skipped_in_prompt"]`` lists them.
 
-    Tool calling is not supported: :meth:`bind_tools` raises ``NotImplementedError``.
+    Tools and structured output (on a model whose chat template has tools, e.g. Qwen2.5;
+    the embedded SmolLM2 has none and the engine refuses them):
+
+        .. code-block:: python
+
+            llm.bind_tools([get_weather]).invoke("Weather where I live?").tool_calls
+            llm.with_structured_output(City).invoke("Where does Caroline live?")
+
+    The facts are injected as KV all the same.
     """
 
     model_config = ConfigDict(populate_by_name=True, arbitrary_types_allowed=True,
@@ -195,10 +221,77 @@ class ChatInferScale(BaseChatModel):
                 await run_manager.on_llm_new_token(piece.text, chunk=chunk)
             yield chunk
 
-    def bind_tools(self, tools: Sequence[dict[str, Any] | type | Callable | BaseTool],
+    def bind_tools(self, tools: Sequence[dict[str, Any] | type | Callable | BaseTool], *,
+                   tool_choice: str | bool | dict[str, Any] | None = None,
+                   parallel_tool_calls: bool | None = None,
                    **kwargs: Any) -> Runnable[LanguageModelInput, AIMessage]:
-        """Not supported: raises ``NotImplementedError`` (the engine parses no tool calls)."""
-        raise NotImplementedError(NO_TOOLS)
+        """Let the model call ``tools`` (OpenAI tool dicts, pydantic models, functions or
+        LangChain tools); the calls come back in ``AIMessage.tool_calls``.
+
+        Args:
+            tool_choice: ``"auto"`` (default), ``"none"``, ``"required"`` (or ``"any"``), a
+                tool's name, or ``True`` (the one tool given).
+            parallel_tool_calls: ``False``: at most one call per answer.
+
+        Raises:
+            ValueError: A ``tool_choice`` that names no given tool.
+        """
+        formatted = [convert_to_openai_tool(tool) for tool in tools]
+        if tool_choice is not None:
+            kwargs["tool_choice"] = _tool_choice(tool_choice, formatted)
+        if parallel_tool_calls is not None:
+            kwargs["parallel_tool_calls"] = parallel_tool_calls
+        return super().bind(tools=formatted, **kwargs)
+
+    def with_structured_output(  # type: ignore[override]
+            self, schema: dict[str, Any] | type, *, include_raw: bool = False,
+            method: Literal["function_calling", "json_schema", "json_mode"] = "function_calling",
+            strict: bool | None = None,
+            **kwargs: Any) -> Runnable[LanguageModelInput, dict[str, Any] | BaseModel]:
+        """Answers parsed into ``schema`` (a pydantic model, a TypedDict, a JSON schema or
+        an OpenAI tool dict), decoded under the schema's grammar.
+
+        Args:
+            method: ``"function_calling"``: a forced call of a tool named after the schema;
+                ``"json_schema"``: the answer itself under the schema (``response_format``);
+                ``"json_mode"``: any JSON object (say which in the prompt).
+            include_raw: Return ``{"raw", "parsed", "parsing_error"}`` instead.
+
+        Raises:
+            ValueError: An unknown ``method`` or keyword.
+        """
+        if kwargs:
+            raise ValueError(f"with_structured_output got unsupported arguments {sorted(kwargs)}")
+        pydantic = isinstance(schema, type) and issubclass(schema, BaseModel)
+        parser: Runnable[Any, Any]
+        if method == "function_calling":
+            tool = convert_to_openai_tool(schema, strict=strict)
+            name = tool["function"]["name"]
+            llm = self.bind_tools([tool], tool_choice=name, parallel_tool_calls=False)
+            parser = (PydanticToolsParser(tools=[schema], first_tool_only=True) if pydantic
+                      else JsonOutputKeyToolsParser(key_name=name, first_tool_only=True))
+        elif method == "json_schema":
+            json_schema = convert_to_json_schema(schema, strict=strict)
+            body = {"name": json_schema.get("title", "output"), "schema": json_schema}
+            if strict is not None:
+                body["strict"] = strict
+            llm = self.bind(response_format={"type": "json_schema", "json_schema": body})
+            parser = (PydanticOutputParser(pydantic_object=schema) if pydantic  # type: ignore[arg-type]
+                      else JsonOutputParser())
+        elif method == "json_mode":
+            llm = self.bind(response_format={"type": "json_object"})
+            parser = (PydanticOutputParser(pydantic_object=schema) if pydantic  # type: ignore[arg-type]
+                      else JsonOutputParser())
+        else:
+            raise ValueError(f"method must be 'function_calling', 'json_schema' or "
+                             f"'json_mode'; got {method!r}")
+        if not include_raw:
+            return llm | parser
+        parsed = RunnablePassthrough.assign(parsed=itemgetter("raw") | parser,
+                                            parsing_error=lambda _: None)
+        fallback = RunnablePassthrough.assign(parsed=lambda _: None)
+        return RunnableMap(raw=llm) | parsed.with_fallbacks([fallback],
+                                                             exception_key="parsing_error")
 
     # -- helpers --------------------------------------------------------------------------
 
@@ -207,30 +300,44 @@ class ChatInferScale(BaseChatModel):
 
     def _request(self, messages: list[BaseMessage], stop: list[str] | None,
                  kwargs: dict[str, Any]) -> tuple[MemoryEngine, dict[str, Any]]:
-        unknown = set(kwargs) - {*MEMORY_KEYS, *SAMPLING, "model", "stream"}
+        unknown = set(kwargs) - {*MEMORY_KEYS, *SAMPLING, *TOOL_KEYS, "model", "stream"}
         if unknown:
             raise ValueError(f"ChatInferScale got unknown call options {sorted(unknown)}; "
-                             f"it takes {sorted({*MEMORY_KEYS, *SAMPLING})}")
+                             f"it takes {sorted({*MEMORY_KEYS, *SAMPLING, *TOOL_KEYS})}")
         options = {key: kwargs.get(key, getattr(self, key)) for key in SAMPLING}
         options["stop"] = stop if stop is not None else self.stop
         request = {"messages": _to_openai(messages),
                    "user_id": kwargs.get("user_id", self.user_id),
                    "k": kwargs.get("k", self.k), "mode": kwargs.get("mode", self.mode),
-                   **{key: value for key, value in options.items() if value not in (None, [])}}
+                   **{key: value for key, value in options.items() if value not in (None, [])},
+                   **{key: kwargs[key] for key in TOOL_KEYS if kwargs.get(key) is not None}}
         return self._engine(), request
 
     def _chat_result(self, engine: MemoryEngine, result: MemoryResult, user_id: str | None,
                      skipped: list[str]) -> ChatResult:
-        message = AIMessage(content=result.text, usage_metadata=_usage(result),
+        calls, invalid = [], []
+        for call in result.tool_calls:
+            args = _arguments(call.arguments)
+            if args is None:  # no JSON object: kept as it came, as LangChain does
+                invalid.append(invalid_tool_call(name=call.name, args=call.arguments,
+                                                 id=call.id, error="arguments are no JSON object"))
+            else:
+                calls.append(tool_call(name=call.name, args=args, id=call.id))
+        message = AIMessage(content=result.text, tool_calls=calls, invalid_tool_calls=invalid,
+                            usage_metadata=_usage(result),
                             response_metadata=self._metadata(engine, result, user_id, skipped))
         return ChatResult(generations=[ChatGeneration(message=message)],
                           llm_output={"model_name": self._model_label})
 
     def _chunk(self, engine: MemoryEngine, piece: ChatChunk, user_id: str | None,
                skipped: list[str]) -> ChatGenerationChunk:
+        calls = [tool_call_chunk(name=delta.name, args=delta.arguments, id=delta.id,
+                                 index=delta.index) for delta in piece.tool_calls]
         if piece.result is None:
-            return ChatGenerationChunk(message=AIMessageChunk(content=piece.text))
-        message = AIMessageChunk(content=piece.text, usage_metadata=_usage(piece.result),
+            return ChatGenerationChunk(message=AIMessageChunk(content=piece.text,
+                                                              tool_call_chunks=calls))
+        message = AIMessageChunk(content=piece.text, tool_call_chunks=calls,
+                                 usage_metadata=_usage(piece.result),
                                  response_metadata=self._metadata(engine, piece.result,
                                                                   user_id, skipped),
                                  chunk_position="last")
@@ -271,19 +378,57 @@ def _looks_like_ours(key: str) -> str | None:
     return close[0] if close else None
 
 
-def _to_openai(messages: list[BaseMessage]) -> list[dict[str, str]]:
+def _to_openai(messages: list[BaseMessage]) -> list[dict[str, Any]]:
     out = []
     for message in messages:
         role = ROLES.get(message.type) or str(getattr(message, "role", ""))
         if role not in ROLES.values():
             raise ValueError(f"ChatInferScale cannot take {message.type!r} messages: "
-                             "only system, human and ai messages (no tools)")
+                             "only system, human, ai and tool messages")
         if isinstance(message.content, list) and any(
-                not isinstance(block, str) and block.get("type") != "text"
+                not isinstance(block, str) and block.get("type") not in ("text", "tool_call")
                 for block in message.content):
             raise ValueError("ChatInferScale takes text content only")
-        out.append({"role": role, "content": message.text})
+        entry: dict[str, Any] = {"role": role, "content": message.text}
+        if isinstance(message, AIMessage) and message.tool_calls:
+            entry["tool_calls"] = [
+                {"id": call["id"], "type": "function",
+                 "function": {"name": call["name"], "arguments": json.dumps(call["args"])}}
+                for call in message.tool_calls]
+        if isinstance(message, ToolMessage):
+            entry["tool_call_id"] = message.tool_call_id
+        out.append(entry)
     return out
+
+
+def _tool_choice(choice: str | bool | dict[str, Any],
+                 tools: list[dict[str, Any]]) -> str | dict[str, Any]:
+    """LangChain's ``tool_choice`` in OpenAI's shape."""
+    names = [tool["function"]["name"] for tool in tools]
+    if choice is True:
+        if len(names) != 1:
+            raise ValueError(f"tool_choice=True needs exactly one tool; got {len(names)}")
+        choice = names[0]
+    if choice is False:
+        return "none"
+    if isinstance(choice, dict):
+        return choice
+    if choice == "any":
+        return "required"
+    if choice in ("auto", "none", "required"):
+        return choice
+    if choice not in names:
+        raise ValueError(f"tool_choice {choice!r} names no bound tool; the tools are {names}")
+    return {"type": "function", "function": {"name": choice}}
+
+
+def _arguments(text: str) -> dict[str, Any] | None:
+    """A call's arguments as a dict (LangChain's shape); ``None`` if they are no JSON object."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def _usage(result: MemoryResult) -> UsageMetadata:

@@ -10,6 +10,11 @@ from langchain_inferscale import ChatInferScale
 from langchain_inferscale.chat_models import _from_config, _to_openai
 
 
+def get_weather(city: str) -> str:
+    """The weather in a city now."""
+    return "sunny"
+
+
 class TestChatInferScaleUnit(ChatModelUnitTests):
     @property
     def chat_model_class(self) -> type[ChatInferScale]:
@@ -21,22 +26,15 @@ class TestChatInferScaleUnit(ChatModelUnitTests):
 
     @property
     def has_tool_calling(self) -> bool:
-        # SmolLM2's chat template has no tools section and the engine parses no tool
-        # calls, so bind_tools raises (tested below) and the tool tests do not apply.
-        return False
+        return True  # on a model whose template has tools (tests/integration_tests)
 
     @property
     def has_structured_output(self) -> bool:
-        return False  # LangChain's structured output goes through tool calling or JSON mode
+        return True
 
     @property
     def supports_model_override(self) -> bool:
         return False  # one engine serves one model
-
-
-def test_bind_tools_raises_a_clear_error() -> None:
-    with pytest.raises(NotImplementedError, match="tool calling"):
-        ChatInferScale().bind_tools([])
 
 
 def test_messages_become_openai_dicts() -> None:
@@ -47,9 +45,37 @@ def test_messages_become_openai_dicts() -> None:
         {"role": "assistant", "content": "hello"}, {"role": "user", "content": "where"}]
 
 
-def test_tool_messages_are_refused() -> None:
-    with pytest.raises(ValueError, match="no tools"):
-        _to_openai([ToolMessage("3", tool_call_id="1")])
+def test_tool_calls_and_results_become_openai_dicts() -> None:
+    call = {"name": "get_weather", "args": {"city": "Berlin"}, "id": "call_1"}
+    messages = [AIMessage("", tool_calls=[call]), ToolMessage("sunny", tool_call_id="call_1")]
+    assert _to_openai(messages) == [
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "call_1", "type": "function",
+             "function": {"name": "get_weather", "arguments": '{"city": "Berlin"}'}}]},
+        {"role": "tool", "content": "sunny", "tool_call_id": "call_1"}]
+
+
+@pytest.mark.parametrize(("choice", "expected"), [
+    ("auto", "auto"), ("none", "none"), ("required", "required"), ("any", "required"),
+    (False, "none"), (True, {"type": "function", "function": {"name": "get_weather"}}),
+    ("get_weather", {"type": "function", "function": {"name": "get_weather"}}),
+])
+def test_tool_choice_takes_langchains_forms(choice: object, expected: object) -> None:
+    bound = ChatInferScale().bind_tools([get_weather], tool_choice=choice)
+    assert bound.kwargs["tool_choice"] == expected  # type: ignore[attr-defined]
+    assert bound.kwargs["tools"][0]["function"]["name"] == "get_weather"  # type: ignore[attr-defined]
+
+
+def test_a_tool_choice_naming_no_bound_tool_is_refused() -> None:
+    with pytest.raises(ValueError, match="names no bound tool"):
+        ChatInferScale().bind_tools([get_weather], tool_choice="get_time")
+    with pytest.raises(ValueError, match="exactly one tool"):
+        ChatInferScale().bind_tools([get_weather, get_weather], tool_choice=True)
+
+
+def test_structured_output_refuses_an_unknown_method() -> None:
+    with pytest.raises(ValueError, match="method"):
+        ChatInferScale().with_structured_output(get_weather, method="xml")  # type: ignore[arg-type]
 
 
 def test_configurable_memory_options_reach_the_call() -> None:
