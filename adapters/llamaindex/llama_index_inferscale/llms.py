@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Iterator, Sequence
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from llama_index.core.base.llms.types import (
     ChatMessage,
@@ -19,20 +20,27 @@ from llama_index.core.base.llms.types import (
 )
 from llama_index.core.bridge.pydantic import ConfigDict, Field
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
-from llama_index.core.llms.llm import LLM
+from llama_index.core.llms.function_calling import FunctionCallingLLM
+from llama_index.core.llms.llm import ToolSelection
 
 from inferscale_memory import ChatChunk, ChatResult, MemoryEngine
 from inferscale_memory.integrations import default_engine
 from llama_index_inferscale.handover import FactsMessage, handed_facts
 
+if TYPE_CHECKING:
+    from llama_index.core.tools.types import BaseTool
+
 # Sampling parameters, as constructor fields and call keywords (checked by the engine).
 SAMPLING = ("temperature", "max_tokens", "seed", "top_p", "top_k", "presence_penalty",
             "frequency_penalty", "stop")
+# Tools and structured output, in OpenAI's shapes (checked by the engine).
+TOOL_KEYS = ("tools", "tool_choice", "parallel_tool_calls", "response_format")
 ROLES = {MessageRole.SYSTEM: "system", MessageRole.USER: "user",
-         MessageRole.ASSISTANT: "assistant", MessageRole.DEVELOPER: "system"}
+         MessageRole.ASSISTANT: "assistant", MessageRole.DEVELOPER: "system",
+         MessageRole.TOOL: "tool"}
 
 
-class InferScaleLLM(LLM):
+class InferScaleLLM(FunctionCallingLLM):
     """LLM on an inferscale-memory engine: the user's facts are injected as KV.
 
     Facts come from an :class:`~llama_index_inferscale.InferScaleMemoryBlock` in the
@@ -51,6 +59,12 @@ class InferScaleLLM(LLM):
             llm = InferScaleLLM(engine=engine, user_id="caroline")
             response = llm.chat([ChatMessage(role="user", content="Where is Caroline?")])
             response.message.content, response.additional_kwargs["memory"]["injected_tokens"]
+
+    Tools (``chat_with_tools``, ``predict_and_call``, ``FunctionAgent``), on a model whose
+    chat template has tools (Qwen2.5 and the like; the embedded SmolLM2 has none, and the
+    engine refuses tools on it): the calls come back in
+    ``message.additional_kwargs["tool_calls"]`` (OpenAI's shape), read by
+    :meth:`get_tool_calls_from_response`; the facts are injected all the same.
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid")
@@ -88,7 +102,8 @@ class InferScaleLLM(LLM):
         return LLMMetadata(
             context_window=self.context_window or engine.runtime.max_model_len,
             num_output=self.max_tokens or 128, is_chat_model=True,
-            is_function_calling_model=False, model_name=engine.model_path.name)
+            is_function_calling_model=engine.tool_parser is not None,
+            model_name=engine.model_path.name)
 
     # -- chat -----------------------------------------------------------------------------
 
@@ -119,6 +134,43 @@ class InferScaleLLM(LLM):
                 yield _chat_piece(text, piece)
 
         return gen()
+
+    # -- tools ----------------------------------------------------------------------------
+
+    def _prepare_chat_with_tools(
+            self, tools: Sequence[BaseTool], user_msg: str | ChatMessage | None = None,
+            chat_history: list[ChatMessage] | None = None, verbose: bool = False,
+            allow_parallel_tool_calls: bool = False, tool_required: bool = False,
+            tool_choice: str | dict[str, Any] | None = None, **kwargs: Any) -> dict[str, Any]:
+        """The ``chat`` keywords of a call with ``tools``: ``tool_required`` makes a call
+        required, ``tool_choice`` may name one tool."""
+        messages = list(chat_history or [])
+        if user_msg is not None:
+            messages.append(_user(user_msg) if isinstance(user_msg, str) else user_msg)
+        if not tools:
+            return {"messages": messages, **kwargs}
+        if tool_choice is None:
+            tool_choice = "required" if tool_required else "auto"
+        elif isinstance(tool_choice, str) and tool_choice not in ("auto", "none", "required"):
+            tool_choice = {"type": "function", "function": {"name": tool_choice}}
+        return {"messages": messages, "tools": [t.metadata.to_openai_tool() for t in tools],
+                "tool_choice": tool_choice, "parallel_tool_calls": allow_parallel_tool_calls,
+                **kwargs}
+
+    def get_tool_calls_from_response(self, response: ChatResponse,
+                                     error_on_no_tool_call: bool = True,
+                                     **kwargs: Any) -> list[ToolSelection]:
+        """The tool calls of a response (arguments that are no JSON object become ``{}``).
+
+        Raises:
+            ValueError: No call, and ``error_on_no_tool_call``.
+        """
+        calls = response.message.additional_kwargs.get("tool_calls") or []
+        if not calls and error_on_no_tool_call:
+            raise ValueError(f"expected at least one tool call; got {len(calls)}")
+        return [ToolSelection(tool_id=call["id"], tool_name=call["function"]["name"],
+                              tool_kwargs=_arguments(call["function"]["arguments"]))
+                for call in calls]
 
     # -- completion: the prompt is one user message ----------------------------------------
 
@@ -153,6 +205,7 @@ class InferScaleLLM(LLM):
                  kwargs: dict[str, Any]) -> tuple[MemoryEngine, dict[str, Any]]:
         handed, conversation = _split_memory(messages)
         options = {key: kwargs.pop(key, getattr(self, key)) for key in (*SAMPLING, "mode")}
+        options.update({key: kwargs.pop(key) for key in TOOL_KEYS if key in kwargs})
         if handed is not None:  # facts from InferScaleMemoryBlock: no retrieval here
             kwargs.pop("user_id", None)
             kwargs.pop("k", None)
@@ -163,7 +216,7 @@ class InferScaleLLM(LLM):
                            k=kwargs.pop("k", self.k))
         if kwargs:
             raise ValueError(f"InferScaleLLM got unknown call options {sorted(kwargs)}; it "
-                             f"takes {sorted({*SAMPLING, 'mode', 'user_id', 'k'})}")
+                             f"takes {sorted({*SAMPLING, *TOOL_KEYS, 'mode', 'user_id', 'k'})}")
         engine = self._engine()
         request = {"messages": conversation,
                    **{key: value for key, value in options.items() if value is not None}}
@@ -174,7 +227,7 @@ class InferScaleLLM(LLM):
 
 
 def _split_memory(messages: Sequence[ChatMessage]
-                  ) -> tuple[FactsMessage | None, list[dict[str, str]]]:
+                  ) -> tuple[FactsMessage | None, list[dict[str, Any]]]:
     """Take the memory block's hand-over message out; the rest as OpenAI-style dicts."""
     handed = None
     conversation = []
@@ -185,24 +238,52 @@ def _split_memory(messages: Sequence[ChatMessage]
         role = ROLES.get(message.role)
         if role is None:
             raise ValueError(f"InferScaleLLM cannot take {message.role.value!r} messages: "
-                             "only system, user and assistant (no tools)")
-        conversation.append({"role": role, "content": message.content or ""})
+                             "only system, user, assistant and tool")
+        entry: dict[str, Any] = {"role": role, "content": message.content or ""}
+        extra = message.additional_kwargs
+        if role == "assistant" and extra.get("tool_calls"):
+            entry["tool_calls"] = [_openai_call(call) for call in extra["tool_calls"]]
+        if role == "tool":
+            entry["tool_call_id"] = extra.get("tool_call_id")
+        conversation.append(entry)
     return handed, conversation
+
+
+def _openai_call(call: Any) -> dict[str, Any]:
+    """A tool call of an earlier assistant message in OpenAI's shape (a dict, or an object
+    with ``model_dump``, such as the ``openai`` package's)."""
+    return call.model_dump() if hasattr(call, "model_dump") else dict(call)
+
+
+def _arguments(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def _memory(result: ChatResult) -> dict[str, Any]:
     return dataclasses.asdict(result.metrics)
 
 
+def _assistant(text: str, result: ChatResult | None) -> ChatMessage:
+    """The answer's message; its tool calls in ``additional_kwargs``, as OpenAI's LLM puts
+    them (and as :func:`_split_memory` reads them back)."""
+    calls = [call.to_dict() for call in result.tool_calls] if result is not None else []
+    return ChatMessage(role=MessageRole.ASSISTANT, content=text,
+                       additional_kwargs={"tool_calls": calls} if calls else {})
+
+
 def _chat_response(result: ChatResult) -> ChatResponse:
-    return ChatResponse(message=ChatMessage(role=MessageRole.ASSISTANT, content=result.text),
-                        raw=result, additional_kwargs={"memory": _memory(result)})
+    return ChatResponse(message=_assistant(result.text, result), raw=result,
+                        additional_kwargs={"memory": _memory(result)})
 
 
 def _chat_piece(text: str, piece: ChatChunk) -> ChatResponse:
     extra = {"memory": _memory(piece.result)} if piece.result is not None else {}
-    return ChatResponse(message=ChatMessage(role=MessageRole.ASSISTANT, content=text),
-                        delta=piece.text, raw=piece.result, additional_kwargs=extra)
+    return ChatResponse(message=_assistant(text, piece.result), delta=piece.text,
+                        raw=piece.result, additional_kwargs=extra)
 
 
 def _chat_stream(pieces: Iterator[ChatChunk]) -> ChatResponseGen:
