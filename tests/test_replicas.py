@@ -9,12 +9,15 @@ is recomputed from the current text (then recaptured); a deleted fact is never r
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 from pg_helpers import needs_postgres
 
@@ -77,41 +80,51 @@ def test_two_replicas_share_facts_and_never_inject_stale_kv(pg_url: str,
             assert fact.id not in result.metrics.fact_ids
             assert fact.id not in result.metrics.injected_fact_ids
 
-        # A writer sharing the database is killed -9 mid-write: every write it acknowledged
-        # is there for A and B.
-        acked = kill_writer_mid_write(pg_url, tmp_path)
+        # A third replica is killed with kill -9 while it adds facts: every add it
+        # acknowledged is there for A and B.
+        acked = kill_replica_mid_write(pg_url, tmp_path)
         assert acked
         for engine in (a, b):
             stored = {f.id for f in engine.memory.list(user_id="priya")}
             assert set(acked) <= stored
 
 
-def kill_writer_mid_write(url: str, tmp_path: Path) -> list[str]:
-    """Run a process that adds facts for priya (with the engine's own embedder), SIGKILL it
-    while it writes, and return the ids of the adds it acknowledged."""
-    script = tmp_path / "writer.py"
+def kill_replica_mid_write(url: str, tmp_path: Path) -> list[str]:
+    """Start a replica (an engine on the same database) in a process of its own that adds
+    facts for priya, SIGKILL it while it adds, and return the ids of the adds it
+    acknowledged (printed after each returned)."""
+    script = tmp_path / "replica.py"
     script.write_text(
         "import json, sys\n"
-        "from inferscale_memory.embeddings import default_embedder\n"
-        "from inferscale_memory.store import MemoryStore\n"
-        "store = MemoryStore(sys.argv[1], default_embedder())\n"
-        "print(json.dumps('ready'), flush=True)\n"
-        "for n in range(100000):\n"
-        "    fact = store.add(f'Priya note {n}.', user_id='priya')\n"
-        "    print(json.dumps(fact.id), flush=True)\n")
+        "from inferscale_memory import MemoryEngine\n"
+        "if __name__ == '__main__':\n"
+        "    with MemoryEngine(store='postgres', postgres_url=sys.argv[1], kv_cache_gb=1,\n"
+        "                      max_model_len=1024, recompute_tail=0, capture_context=0) as e:\n"
+        "        print(json.dumps('ready'), flush=True)\n"
+        "        for n in range(100000):\n"
+        "            fact = e.memory.add(f'Priya note {n}.', user_id='priya')\n"
+        "            print(json.dumps(fact.id), flush=True)\n")
     proc = subprocess.Popen([sys.executable, str(script), url], stdout=subprocess.PIPE,
-                            text=True, cwd=str(REPO), env={"PYTHONPATH": str(REPO),
-                                                           "PATH": "/usr/bin:/bin",
-                                                           "HF_HUB_OFFLINE": "1"})
-    assert proc.stdout is not None
-    lines = [json.loads(proc.stdout.readline())]
-    assert lines == ["ready"]
-    while len(lines) < 6:
-        lines.append(json.loads(proc.stdout.readline()))
-    proc.send_signal(signal.SIGKILL)
-    rest = proc.stdout.read()
-    proc.wait(timeout=60)
-    assert proc.returncode == -signal.SIGKILL
+                            text=True, cwd=str(REPO),
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    children: list[psutil.Process] = []
+    try:
+        assert proc.stdout is not None
+        lines = [json.loads(proc.stdout.readline())]
+        assert lines == ["ready"]
+        while len(lines) < 6:
+            lines.append(json.loads(proc.stdout.readline()))
+        children = psutil.Process(proc.pid).children(recursive=True)
+        proc.send_signal(signal.SIGKILL)
+        rest = proc.stdout.read()
+        proc.wait(timeout=60)
+        assert proc.returncode == -signal.SIGKILL
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for child in children:  # its vLLM processes, should they outlive it
+            with contextlib.suppress(psutil.Error):
+                child.kill()
     acked = lines[1:] + [json.loads(line) for line in rest.splitlines(keepends=True)
                          if line.endswith("\n")]
     with MemoryStore(url, _Embedder384()) as store:  # read back without loading MiniLM
