@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import json
 import logging
 import threading
 from collections.abc import Coroutine
@@ -21,6 +22,9 @@ from inferscale_memory.engine import MemoryEngine
 from inferscale_memory.results import ChatResult
 
 T = TypeVar("T")
+# The chat keywords of tools and structured output, in OpenAI's shapes (checked by the
+# engine): the adapters pass them through.
+TOOL_KEYS = ("tools", "tool_choice", "parallel_tool_calls", "response_format")
 logger = logging.getLogger(__name__)
 _default_engines: dict[str | None, MemoryEngine] = {}
 _lock = threading.Lock()
@@ -60,3 +64,12 @@ async def achat_within(engine: MemoryEngine, request: dict[str, Any],
                                "request was cancelled") from None
 
     return await on_engine(engine, answer())
+
+
+def call_arguments(text: str) -> dict[str, Any] | None:
+    """A tool call's arguments (JSON text) as a dict; ``None`` if they are no JSON object."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None

@@ -39,7 +39,8 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from inferscale_memory import ChatChunk, MemoryEngine
 from inferscale_memory import ChatResult as MemoryResult
-from inferscale_memory.integrations import achat_within, default_engine
+from inferscale_memory.integrations import TOOL_KEYS, achat_within, call_arguments, default_engine
+from inferscale_memory.tools import TOOL_CHOICES
 from langchain_inferscale.injection import afacts_for, facts_for, without_memory
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
@@ -47,9 +48,6 @@ MEMORY_KEYS = ("user_id", "k", "mode")
 # Sampling parameters, as constructor fields and call keywords (checked by the engine).
 SAMPLING = ("temperature", "max_tokens", "seed", "top_p", "top_k", "presence_penalty",
             "frequency_penalty")
-# Tools and structured output, in OpenAI's shapes (checked by the engine): bind_tools and
-# with_structured_output set them.
-TOOL_KEYS = ("tools", "tool_choice", "parallel_tool_calls", "response_format")
 ROLES = {"system": "system", "human": "user", "ai": "assistant", "tool": "tool"}
 
 
@@ -317,7 +315,7 @@ class ChatInferScale(BaseChatModel):
                      skipped: list[str]) -> ChatResult:
         calls, invalid = [], []
         for call in result.tool_calls:
-            args = _arguments(call.arguments)
+            args = call_arguments(call.arguments)
             if args is None:  # no JSON object: kept as it came, as LangChain does
                 invalid.append(invalid_tool_call(name=call.name, args=call.arguments,
                                                  id=call.id, error="arguments are no JSON object"))
@@ -415,20 +413,11 @@ def _tool_choice(choice: str | bool | dict[str, Any],
         return choice
     if choice == "any":
         return "required"
-    if choice in ("auto", "none", "required"):
+    if choice in TOOL_CHOICES:
         return choice
     if choice not in names:
         raise ValueError(f"tool_choice {choice!r} names no bound tool; the tools are {names}")
     return {"type": "function", "function": {"name": choice}}
-
-
-def _arguments(text: str) -> dict[str, Any] | None:
-    """A call's arguments as a dict (LangChain's shape); ``None`` if they are no JSON object."""
-    try:
-        value = json.loads(text)
-    except ValueError:
-        return None
-    return value if isinstance(value, dict) else None
 
 
 def _usage(result: MemoryResult) -> UsageMetadata:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -24,7 +23,8 @@ from llama_index.core.llms.function_calling import FunctionCallingLLM
 from llama_index.core.llms.llm import ToolSelection
 
 from inferscale_memory import ChatChunk, ChatResult, MemoryEngine
-from inferscale_memory.integrations import default_engine
+from inferscale_memory.integrations import TOOL_KEYS, call_arguments, default_engine
+from inferscale_memory.tools import TOOL_CHOICES
 from llama_index_inferscale.handover import FactsMessage, handed_facts
 
 if TYPE_CHECKING:
@@ -33,8 +33,6 @@ if TYPE_CHECKING:
 # Sampling parameters, as constructor fields and call keywords (checked by the engine).
 SAMPLING = ("temperature", "max_tokens", "seed", "top_p", "top_k", "presence_penalty",
             "frequency_penalty", "stop")
-# Tools and structured output, in OpenAI's shapes (checked by the engine).
-TOOL_KEYS = ("tools", "tool_choice", "parallel_tool_calls", "response_format")
 ROLES = {MessageRole.SYSTEM: "system", MessageRole.USER: "user",
          MessageRole.ASSISTANT: "assistant", MessageRole.DEVELOPER: "system",
          MessageRole.TOOL: "tool"}
@@ -151,7 +149,7 @@ class InferScaleLLM(FunctionCallingLLM):
             return {"messages": messages, **kwargs}
         if tool_choice is None:
             tool_choice = "required" if tool_required else "auto"
-        elif isinstance(tool_choice, str) and tool_choice not in ("auto", "none", "required"):
+        elif isinstance(tool_choice, str) and tool_choice not in TOOL_CHOICES:
             tool_choice = {"type": "function", "function": {"name": tool_choice}}
         return {"messages": messages, "tools": [t.metadata.to_openai_tool() for t in tools],
                 "tool_choice": tool_choice, "parallel_tool_calls": allow_parallel_tool_calls,
@@ -169,7 +167,7 @@ class InferScaleLLM(FunctionCallingLLM):
         if not calls and error_on_no_tool_call:
             raise ValueError(f"expected at least one tool call; got {len(calls)}")
         return [ToolSelection(tool_id=call["id"], tool_name=call["function"]["name"],
-                              tool_kwargs=_arguments(call["function"]["arguments"]))
+                              tool_kwargs=call_arguments(call["function"]["arguments"]) or {})
                 for call in calls]
 
     # -- completion: the prompt is one user message ----------------------------------------
@@ -253,14 +251,6 @@ def _openai_call(call: Any) -> dict[str, Any]:
     """A tool call of an earlier assistant message in OpenAI's shape (a dict, or an object
     with ``model_dump``, such as the ``openai`` package's)."""
     return call.model_dump() if hasattr(call, "model_dump") else dict(call)
-
-
-def _arguments(text: str) -> dict[str, Any]:
-    try:
-        value = json.loads(text)
-    except ValueError:
-        return {}
-    return value if isinstance(value, dict) else {}
 
 
 def _memory(result: ChatResult) -> dict[str, Any]:
