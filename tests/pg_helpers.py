@@ -31,3 +31,27 @@ def new_database(server_url: str) -> str:
         conn.execute(f"CREATE DATABASE {name}")
     base, _, query = server_url.partition("?")
     return f"{base.rsplit('/', 1)[0]}/{name}?{query}"
+
+
+def wait_for_other_sessions(url: str, timeout_s: float = 60.0) -> None:
+    """Wait until no other session is connected to the database of ``url``.
+
+    A client killed with SIGKILL leaves its server backend running: a transaction whose
+    COMMIT the server had received still commits, perhaps after the client died. Reading
+    the database before that backend has gone would see the write in flight undecided.
+    """
+    import time
+
+    import psycopg
+
+    deadline = time.monotonic() + timeout_s
+    with psycopg.connect(url, autocommit=True) as conn:
+        while True:
+            others = conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                " AND pid <> pg_backend_pid()").fetchone()
+            if others is not None and others[0] == 0:
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{others[0] if others else '?'} sessions still open")
+            time.sleep(0.05)

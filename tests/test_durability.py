@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import pytest
 from durability_writer import USERS, HashEmbedder
-from pg_helpers import needs_postgres, new_database
+from pg_helpers import needs_postgres, new_database, wait_for_other_sessions
 
 from inferscale_memory.store import MemoryStore
 
@@ -134,8 +134,11 @@ def read_file(path: Path | str) -> tuple[dict[str, dict[str, Any]], dict[str, li
 
 
 def read_database(url: str) -> tuple[dict[str, dict[str, Any]], dict[str, list[tuple]]]:
-    """:func:`read_file` of a PostgreSQL store, read with psycopg rather than the store."""
+    """:func:`read_file` of a PostgreSQL store, read with psycopg rather than the store,
+    once the killed writer's sessions have ended (its write in flight is decided then)."""
     import psycopg
+
+    wait_for_other_sessions(url)
 
     with psycopg.connect(url) as conn:
         facts = {r[0]: {"user": r[1], "text": _utf8(r[2]), "metadata": r[3],
