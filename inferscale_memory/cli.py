@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
                        help="address to bind (127.0.0.1 whenever no API keys are set)")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--api-keys", type=Path, default=None, metavar="FILE",
-                       help="JSON {key: [tenants] or \"*\"} (default: $INFERSCALE_API_KEYS)")
+                       help="JSON {key: [users] or \"*\"} (default: $INFERSCALE_API_KEYS)")
     serve.add_argument("--max-tokens-limit", type=int, default=None, metavar="N",
                        help="largest max_tokens a chat may ask for (default 4096); 0: only "
                             "the model's context")

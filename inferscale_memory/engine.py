@@ -127,9 +127,9 @@ class MemoryEngine:
                 default ``config.fact_order``.
             recompute_tail: Facts at the end of the memory span that vLLM computes from
                 text instead of injecting (``kv`` mode); default ``config.recompute_tail``.
-            tenant: Who asks, when not ``user_id`` (e.g. a tenant answered without
-                memory): vLLM's prefix cache is shared only within a tenant. Default
-                ``user_id``; with neither, one shared anonymous tenant.
+            memory: ``False`` answers ``user_id`` without their facts (the server's
+                ``memory: "off"``); vLLM's prefix cache is still shared only within that
+                user (without ``user_id``, within one shared anonymous user).
             **options: ``max_tokens``, ``temperature``, ``stop``, ``logprobs``, ``seed``,
                 ``top_p``, ``top_k``, ``presence_penalty``, ``frequency_penalty``,
                 ``ignore_eos`` (generate exactly ``max_tokens``, for benchmarks); and, in
@@ -182,7 +182,7 @@ class MemoryEngine:
                             user_id: str | None = None, k: int | None = None,
                             mode: str = "kv", facts: Sequence[Fact | ScoredFact] | None = None,
                             fact_order: str | None = None, recompute_tail: int | None = None,
-                            tenant: str | None = None, tools: Any = None,
+                            memory: bool = True, tools: Any = None,
                             tool_choice: Any = None, parallel_tool_calls: Any = None,
                             response_format: Any = None,
                             **options: Any) -> AsyncGenerator[ChatChunk, None]:
@@ -192,7 +192,13 @@ class MemoryEngine:
         order, tail = self._check_quality(fact_order, recompute_tail)
         tooling = self._check_tools(conversation, tools, tool_choice, parallel_tool_calls,
                                     response_format)
-        if facts is None:
+        if not isinstance(memory, bool):
+            raise InvalidInputError("memory must be true or false")
+        if not memory:
+            if facts is not None:
+                raise InvalidInputError("facts= answers from memory: leave memory=True")
+            facts = []
+        elif facts is None:
             query = next(m for m in reversed(conversation) if m["role"] == "user")
             facts = await self._retrieve(query["content"], user_id, k)
         else:
@@ -213,7 +219,7 @@ class MemoryEngine:
                                                     and tooling.choice == "auto"))
         stream = ToolStream(tooling) if tooling is not None else None
         deltas = self.runtime.stream(layout.token_ids, max_tokens=max_tokens, params=params,
-                                     tenant=user_id if tenant is None else tenant, **options)
+                                     user=user_id, **options)
         if options.get("structured_outputs"):
             deltas = _refusing_bad_schemas(deltas)
         async for delta in deltas:

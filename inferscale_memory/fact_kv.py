@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from inferscale_memory.results import KVStats
     from inferscale_memory.runtime import VllmRuntime
 
-HEADER_TENANT = "inferscale"  # owner of capture requests for the shared header
+HEADER_USER = "inferscale"  # owner of capture requests for the shared header
 
 
 class FactKV:
@@ -53,7 +53,7 @@ class FactKV:
         Done once at start, before any fact: every prompt holds the header.
         """
         token_ids, header_end, _ = self.builder.capture_prompt(None)
-        params = RequestParams(HEADER_TENANT, self.builder.layout_id, capture=(
+        params = RequestParams(HEADER_USER, self.builder.layout_id, capture=(
             Span(FactKey("", self.builder.header_name), 0, header_end),))
         self.stats.record_report(await self.runtime.control(token_ids, params))
 

@@ -29,7 +29,7 @@ class ChatMetrics:
             recomputed from text (and are recaptured in the background).
         injected_fact_ids: Facts whose KV was not computed for this answer: named for
             injection and found in the fact pool (or in vLLM's prefix cache of this
-            tenant). The others were computed by vLLM: the tail of the default
+            user). The others were computed by vLLM: the tail of the default
             answer-quality policy (``recompute_tail``) and ``recomputed_fact_ids``.
         memory_used: Whether any fact was in the prompt. ``False``: answered without
             memory (no ``user_id``, a user with no facts yet, or no facts given): the plain

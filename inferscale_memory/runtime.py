@@ -206,7 +206,7 @@ class VllmRuntime:
     # -- requests ------------------------------------------------------------------------
 
     async def stream(self, token_ids: list[int], *, max_tokens: int, temperature: float = 0.0,
-                     params: RequestParams | None = None, tenant: str | None = None,
+                     params: RequestParams | None = None, user: str | None = None,
                      stop: list[str] | None = None, logprobs: int | None = None,
                      seed: int | None = None, ignore_eos: bool = False,
                      structured_outputs: dict[str, Any] | None = None,
@@ -215,7 +215,7 @@ class VllmRuntime:
         """Generate from ``token_ids``; yield text deltas, then the :class:`Completion`.
 
         Every request that reaches vLLM is built here, with the prefix-cache salt of
-        :func:`request_salt` (``tenant``: who asks, for a request without ``params``).
+        :func:`request_salt` (``user``: who asks, for a request without ``params``).
         ``sampling_options``: ``top_p``, ``top_k``, ``presence_penalty``,
         ``frequency_penalty`` (checked by :func:`~inferscale_memory.options.check_options`).
         ``structured_outputs``: keyword arguments of vLLM's ``StructuredOutputsParams``
@@ -232,7 +232,7 @@ class VllmRuntime:
                                          structured_outputs=structured_outputs,
                                          **sampling_options)
         prompt: dict[str, Any] = {"prompt_token_ids": list(token_ids),
-                                  "cache_salt": request_salt(tenant, params)}
+                                  "cache_salt": request_salt(user, params)}
         done = Completion(logprobs=[] if logprobs else None)
         start = time.perf_counter()
         request_id = f"ism-{next(self._ids)}"
@@ -354,20 +354,20 @@ def _close_open_runtimes() -> None:
             runtime.close()
 
 
-def request_salt(tenant: str | None, params: RequestParams | None) -> str:
+def request_salt(user: str | None, params: RequestParams | None) -> str:
     """The prefix-cache salt of a request: vLLM shares cached blocks only between requests
-    with the same salt, so every request names its tenant, and its kind.
+    with the same salt, so every request names its user, and its kind.
 
-    - A request that injects facts: its tenant and prompt layout (the connector checks it).
-      Injected (approximate) blocks are reused only by such requests of that tenant.
-    - A capture or evict request: its tenant, as ``capture``. Its exact blocks hold the
-      tenant's fact text and are reused only by the tenant's other captures.
-    - A plain prompt (the text path, memory off): ``tenant``, or ``""`` (one shared
-      anonymous tenant) when the request names none.
+    - A request that injects facts: its user and prompt layout (the connector checks it).
+      Injected (approximate) blocks are reused only by such requests of that user.
+    - A capture or evict request: its user, as ``capture``. Its exact blocks hold the
+      user's fact text and are reused only by the user's other captures.
+    - A plain prompt (the text path, memory off): ``user``, or ``""`` (one shared
+      anonymous user) when the request names none.
     """
     if params is None:
-        return cache_salt(tenant or "", "text")
+        return cache_salt(user or "", "text")
     if params.inject:
-        return cache_salt(params.tenant, params.layout)
-    return cache_salt(params.tenant, f"capture:{params.layout}")
+        return cache_salt(params.user, params.layout)
+    return cache_salt(params.user, f"capture:{params.layout}")
 

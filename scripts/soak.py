@@ -1,9 +1,9 @@
 """Soak test: concurrent clients mix adds, updates, deletes, searches and chats for a while.
 
-Each client is one tenant. Per interval (a minute by default) the script records every
+Each client is one user. Per interval (a minute by default) the script records every
 call's latency and errors, the latency percentiles per operation, and the resident memory
 (RSS) of this process and of its children (vLLM's engine processes). It writes a JSON
-report and prints a table. Calls that return another tenant's fact count as errors.
+report and prints a table. Calls that return another user's fact count as errors.
 
     python scripts/soak.py                         # 8 clients, 10 minutes, HTTP server
     python scripts/soak.py --target python --duration 60
@@ -36,7 +36,7 @@ WORDS = "tea coffee Berlin Lisbon guitar piano cat dog bike boat red blue".split
 
 
 class IsolationError(Exception):
-    """A call returned a fact of another tenant."""
+    """A call returned a fact of another user."""
 
 
 class HttpTarget:
@@ -110,7 +110,7 @@ class PythonTarget:
             [{"role": "user", "content": query}], user_id=user, k=5, max_tokens=max_tokens
         )
         if any(f.fact.user_id != user for f in reply.facts):
-            raise IsolationError(f"{user} got another tenant's fact")
+            raise IsolationError(f"{user} got another user's fact")
         return list(reply.metrics.fact_ids)
 
 
@@ -152,14 +152,14 @@ def client_loop(
     max_tokens: int,
     max_facts: int = 100,
 ) -> None:
-    """One client: random operations on its own tenant until ``deadline``.
+    """One client: random operations on its own user until ``deadline``.
 
     A client holds at most ``max_facts`` facts (an add beyond them deletes one instead),
     so a long run reaches a steady state in which memory must stay flat.
     """
     rng = random.Random(seed)
     own: list[str] = []
-    stored = False  # a tenant that never stored a fact is an unknown user (HTTP 404)
+    stored = False  # a user that never stored a fact is an unknown user (HTTP 404)
     while time.monotonic() < deadline:
         op = rng.choices(list(OPS), weights=list(OPS.values()))[0]
         if not stored or (op in ("update", "delete") and not own):
@@ -179,7 +179,7 @@ def client_loop(
                 target.delete(user, own.pop(rng.randrange(len(own))))
             elif op == "search":
                 if set(target.search(user, f"What does {user} like?")) - {user}:
-                    raise IsolationError(f"{user} got another tenant's fact")
+                    raise IsolationError(f"{user} got another user's fact")
             else:
                 used = target.chat(user, f"What does {user} like?", max_tokens)
                 if own and set(used) - set(own):
@@ -286,7 +286,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         ]
         recorder = Recorder()
         deadline = recorder.start + args.duration
-        run_id = uuid.uuid4().hex[:6]  # fresh tenants, also on a server with older data
+        run_id = uuid.uuid4().hex[:6]  # fresh users, also on a server with older data
         threads = [
             threading.Thread(
                 target=client_loop,

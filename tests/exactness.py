@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from inferscale_memory.bench.synthetic import TENANT, SyntheticWorkload
+from inferscale_memory.bench.synthetic import USER, SyntheticWorkload
 from inferscale_memory.runtime import VllmRuntime
 
 
@@ -38,7 +38,7 @@ async def inject_vs_prefix_cache(work: SyntheticWorkload, max_tokens: int) -> tu
     fresh = await work.run(prompt, "text", max_tokens=max_tokens, logprobs=5)
     await work.runtime.reset_prefix_cache()
     await work.runtime.complete(work.header + work.facts[0], max_tokens=1,
-                                tenant=TENANT)  # the text path's salt; as captured
+                                user=USER)  # the text path's salt; as captured
     warm = await work.run(prompt, "text", max_tokens=max_tokens, logprobs=5)
     kv = await work.run(prompt, "kv", max_tokens=max_tokens, logprobs=5)
     moved = await work.run(work.prompt([1, 0]), "kv", max_tokens=4)

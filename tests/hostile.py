@@ -87,20 +87,20 @@ SENTENCE = st.from_regex(r"[A-Z][a-z]{2,9} (likes|owns|visited) [a-z]{3,12}\.", 
 
 
 def arguments(
-    tenants: list[str], fact_ids: Callable[[], list[str]], max_chars: int
+    users: list[str], fact_ids: Callable[[], list[str]], max_chars: int
 ) -> dict[str, tuple[st.SearchStrategy[Any], st.SearchStrategy[Any]]]:
     """``{kind: (valid, hostile)}`` strategies of each argument kind.
 
     Args:
-        tenants: The valid user ids.
-        fact_ids: Returns real fact ids (of these tenants and of others) when called:
+        users: The valid user ids.
+        fact_ids: Returns real fact ids (of these users and of others) when called:
             "valid" fact ids, which a call may still not be allowed to reach. Called at
             draw time (the ids change as calls add and delete facts), so ids are drawn
             as an index: hypothesis replays a draw only if its choices stay the same.
         max_chars: The store's longest fact.
     """
     bad_user = st.one_of(
-        any_text().filter(lambda u: u not in tenants),
+        any_text().filter(lambda u: u not in users),
         NOT_STR,
         st.sampled_from(["u" * 128, "u" * 129, "u" * 100_000, "user\n", "user\x7f"]),
     )
@@ -147,7 +147,7 @@ def arguments(
         ),
     )
     return {
-        "user": (st.sampled_from(tenants), bad_user),
+        "user": (st.sampled_from(users), bad_user),
         "text": (good_text, bad_text),
         "query": (st.one_of(SENTENCE, st.just("q" * 100_000)), bad_text),
         "fact_id": (st.integers(0, 1 << 16).map(lambda i: _pick(fact_ids(), i)), bad_fact_id),
@@ -256,7 +256,7 @@ def draw_call(
 
 
 def check_success(store: MemoryStore, name: str, args: tuple[Any, ...], result: Any) -> None:
-    """What a call that returned must have done, for its own tenant only."""
+    """What a call that returned must have done, for its own user only."""
     user = args[0]
     if name == "add":
         _, text, meta = args

@@ -136,7 +136,7 @@ def test_user_cannot_inject_another_users_fact(engine: MemoryEngine) -> None:
         engine.answer(ask("What is Bob's locker code?"), [secret], user_id="alice")
     assert all(f.fact.user_id == "alice" for f in
                engine.chat(ask("What is Bob's locker code?"), user_id="alice", k=5).facts)
-    # A forged low-level request: alice's tenant naming bob's fact over bob's tokens.
+    # A forged low-level request: alice's user naming bob's fact over bob's tokens.
     layout = engine.builder.build(ask("What is Bob's locker code?"), [(secret.id, secret.text)])
     forged = RequestParams("alice", layout.layout_id, inject=(
         Span(FactKey("", engine.builder.header_name), 0, layout.header_end),
@@ -201,7 +201,7 @@ def test_missing_kv_is_recomputed_and_reported(engine: MemoryEngine) -> None:
     again = engine.answer(question, facts, mode="kv", **options)
     assert again.metrics.recomputed_fact_ids == []
     assert again.metrics.injected_fact_ids == [kept.id, dropped.id]
-    # header + kept now come from the prefix cache of this tenant; dropped is injected again
+    # header + kept now come from the prefix cache of this user; dropped is injected again
     assert again.metrics.injected_tokens == len(engine.builder.fact_ids(dropped.text))
     assert again.metrics.computed_tokens < recomputed.metrics.computed_tokens
 
@@ -250,6 +250,14 @@ async def test_a_user_without_facts_is_answered_without_memory(engine: MemoryEng
     engine.memory.add("Wim grows tulips.", user_id="no-facts-left")
     reply = engine.chat(ask("What does Wim grow?"), user_id="no-facts-left", max_tokens=4)
     assert reply.metrics.memory_used is True and reply.metrics.injected_tokens > 0
+    # memory=False: the same user, who has a fact now, answered without it
+    off = engine.chat(question, user_id="no-facts-left", memory=False, max_tokens=4)
+    assert off.metrics.memory_used is False and off.facts == []
+    assert off.metrics.injected_tokens == 0 and off.prompt_token_ids == plain.prompt_token_ids
+    with pytest.raises(InvalidInputError):  # given facts are memory
+        engine.answer(question, reply.facts, user_id="no-facts-left", memory=False)
+    with pytest.raises(InvalidInputError):
+        engine.chat(question, user_id="no-facts-left", memory="off")
 
 
 def test_bad_input_is_refused_and_changes_nothing(engine: MemoryEngine) -> None:

@@ -1,6 +1,6 @@
 """Hostile input to the engine's Python API (``engine.memory`` and ``engine.chat``): every
 call succeeds or raises a typed error, a refused call changes nothing, no call reaches
-another tenant's facts, and the engine keeps serving.
+another user's facts, and the engine keeps serving.
 
 A request option the engine core cannot decode (``seed="x"``, ``temperature=True``) used
 to kill vLLM's input thread: every later request then hung. Calls run with a timeout so
@@ -130,7 +130,7 @@ def test_hostile_memory_calls(engine: MemoryEngine, forged: list[str], data: st.
     except Exception as exc:  # noqa: BLE001 - the property under test
         pytest.fail(f"{name}{args!r:.300} raised {type(exc).__name__}: {exc!s:.300}")
     event(f"{name}: ok")
-    assert listed(store, VICTIM) == victim, "another tenant's facts changed"
+    assert listed(store, VICTIM) == victim, "another user's facts changed"
     check_success(store, name, args, result)
 
 
@@ -253,7 +253,7 @@ def test_hostile_chat_calls(engine: MemoryEngine, forged: list[str], data: st.Da
         event(f"chat ({draw.hostile}): ok")
         own = {f.id for f in listed(store, user)} if user is not None else set()
         assert all(f.fact.user_id == user for f in reply.facts)
-        assert set(reply.metrics.fact_ids) <= own, "a fact of another tenant was used"
+        assert set(reply.metrics.fact_ids) <= own, "a fact of another user was used"
     assert file_state(store, USERS) == before, "a chat changed the store"
 
 
@@ -301,11 +301,11 @@ def test_bad_fact_values_are_invalid_input(
     assert file_state(engine.store, USERS) == before
 
 
-def test_forged_facts_in_answer_never_reach_another_tenant(
+def test_forged_facts_in_answer_never_reach_another_user(
     engine: MemoryEngine, forged: list[str]
 ) -> None:
     """``answer`` takes Fact objects: a caller can forge one naming the victim's fact id
-    under its own user id. The KV it may inject is keyed by (own tenant, id) and checked
+    under its own user id. The KV it may inject is keyed by (own user, id) and checked
     against the tokens, so it gets its own text's KV, never the victim's."""
     victim_fact = engine.store.get(forged[0], user_id=VICTIM)
     question = [{"role": "user", "content": "What is Eve's bank PIN?"}]

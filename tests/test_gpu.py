@@ -45,7 +45,7 @@ def test_fact_injected_where_captured_matches_vllms_prefix_cache(tmp_path: Path,
         assert len(set(warm.logprobs[0].values())) > 1  # the logits say something
         assert kv.token_ids == warm.token_ids
         assert kv.logprobs == warm.logprobs
-        # header from the tenant's prefix cache, facts 1 and 0 (rotated to a new place) loaded
+        # header from the user's prefix cache, facts 1 and 0 (rotated to a new place) loaded
         assert moved.num_cached_tokens == 3 * block
         assert moved.report["injected_tokens"] == 2 * block
         print("fresh prefill equals warm prefix:", fresh.logprobs == warm.logprobs)
@@ -59,7 +59,7 @@ def test_a_fact_demoted_to_host_memory_is_promoted_and_injected_exactly(
     """The host tier on CUDA: pinned rows, copies back before the fused load."""
     from exactness import block_workload
 
-    from inferscale_memory.bench.synthetic import TENANT, dummy_runtime, write_random_model
+    from inferscale_memory.bench.synthetic import USER, dummy_runtime, write_random_model
 
     block, token_bytes = 16, 4 * 2 * 4 * 128 * 2  # llama-tiny: layers x K,V x heads x dim
     runtime = dummy_runtime(write_random_model(tmp_path / "model", "llama-tiny"),
@@ -82,8 +82,8 @@ def test_a_fact_demoted_to_host_memory_is_promoted_and_injected_exactly(
             return warm, kv
 
         warm, kv = runtime.run(asyncio.wait_for(scenario(), 300))
-        assert kv.report["promoted"] == [[TENANT, "0"]]
-        assert kv.report["demoted"] == [[TENANT, "4"]]  # the device's least recent fact
+        assert kv.report["promoted"] == [[USER, "0"]]
+        assert kv.report["demoted"] == [[USER, "4"]]  # the device's least recent fact
         assert kv.report["injected_tokens"] == 2 * block and kv.report["missing"] == []
         assert len(set(warm.logprobs[0].values())) > 1
         assert kv.token_ids == warm.token_ids

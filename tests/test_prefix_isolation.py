@@ -1,9 +1,9 @@
-"""vLLM's prefix cache is no side channel between tenants: every request is salted.
+"""vLLM's prefix cache is no side channel between users: every request is salted.
 
-An attacker who sends a guess of another tenant's prompt, or of a fact it stored, learns
-whether the guess was right if vLLM serves the guess from blocks that the other tenant's
+An attacker who sends a guess of another user's prompt, or of a fact it stored, learns
+whether the guess was right if vLLM serves the guess from blocks that the other user's
 requests left in the prefix cache (``cached_tokens``, or the shorter TTFT). Each path is
-walked here: the tenant's own repeat is served from the cache, another tenant's identical
+walked here: the user's own repeat is served from the cache, another user's identical
 prompt never is.
 """
 
@@ -27,18 +27,19 @@ def asked(engine: MemoryEngine, **options: object):
                        max_tokens=1, **options)  # type: ignore[arg-type]
 
 
-def test_a_tenants_plain_prompt_is_cached_for_it_alone(engine: MemoryEngine) -> None:
+def test_a_users_plain_prompt_is_cached_for_it_alone(engine: MemoryEngine) -> None:
     engine.reset_prefix_cache()
-    asked(engine, tenant="alice", mode="text")
-    assert asked(engine, tenant="alice", mode="text").metrics.cached_tokens > 0
-    # another tenant, on the text path or in "kv" mode without a user (the server's memory
-    # "off"), and the anonymous tenant of requests that name none: no blocks of alice's
-    assert asked(engine, tenant="mallory").metrics.cached_tokens == 0
-    assert asked(engine, tenant="eve", mode="text").metrics.cached_tokens == 0
+    asked(engine, user_id="iso-alice", memory=False, mode="text")
+    assert asked(engine, user_id="iso-alice", memory=False,
+                 mode="text").metrics.cached_tokens > 0
+    # another user, on the text path or in "kv" mode without memory (the server's memory
+    # "off"), and the anonymous user of requests that name none: no blocks of alice's
+    assert asked(engine, user_id="iso-mallory", memory=False).metrics.cached_tokens == 0
+    assert asked(engine, user_id="iso-eve", mode="text").metrics.cached_tokens == 0
     assert asked(engine).metrics.cached_tokens == 0
 
 
-def test_a_captured_fact_is_not_served_to_another_tenants_guess(
+def test_a_captured_fact_is_not_served_to_another_users_guess(
         engine: MemoryEngine) -> None:
     fact = SECRET * 2  # capture prompt: header + fact, more than one block
     assert len(engine.builder.fact_ids(fact)) + len(engine.builder.header_ids) \

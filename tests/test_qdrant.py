@@ -125,7 +125,7 @@ def test_reopen_reconciles_a_stale_collection(tmp_path, embedder):
         cat = store.search("Caroline adopted a cat named Luna.", user_id="caroline", k=1)[0]
         assert cat.fact.id == facts[1].id and cat.score == pytest.approx(1.0, abs=1e-4)
         assert store.search("stamps", user_id="dana", k=1)[0].fact.text == "Dana collects stamps."
-        # A tenant the file does not know stays in the collection but is never served.
+        # A user the file does not know stays in the collection but is never served.
         assert store.index.count("zed") == 1
         with pytest.raises(UnknownUserError):
             store.search("anything", user_id="zed", k=1)

@@ -35,7 +35,7 @@ def _seed_whose_first_op_is(soak: ModuleType, op: str) -> int:
 
 
 def test_a_client_whose_first_draw_is_a_search_adds_first(engine: MemoryEngine) -> None:
-    # A tenant that never stored a fact is an unknown user (a typed error, HTTP 404), so a
+    # A user that never stored a fact is an unknown user (a typed error, HTTP 404), so a
     # client must not search or chat before its first add; the soak once counted that as
     # a server error.
     soak = _soak()

@@ -279,10 +279,10 @@ def test_unknown_user(store):
         store.get("0" * 32, user_id="ghost")
 
 
-# --------------------------------------------------------------------------- tenants
+# --------------------------------------------------------------------------- users
 
 
-def test_tenant_isolation(store):
+def test_user_isolation(store):
     a = store.add("Alice's bank PIN is 4321.", user_id="alice")
     b = store.add("Bob likes hiking.", user_id="bob")
     before = snapshot(store)
@@ -631,7 +631,7 @@ def test_index_rejects_bad_k_and_dim(make_index):
         index.search("u", np.ones(4), k=1)
 
 
-def test_index_tenant_filtering(make_index):
+def test_index_user_filtering(make_index):
     """Same ids and vectors under many users: every call sees and changes one user only."""
     index = make_index()
     e = np.eye(4, dtype=np.float32)

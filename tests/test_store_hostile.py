@@ -1,8 +1,8 @@
 """Hostile input to the fact store: every call succeeds or raises a typed error, a refused
-call changes nothing, and no call reaches another tenant's facts.
+call changes nothing, and no call reaches another user's facts.
 
 Property tests with the real SQLite file (and a real PostgreSQL) and the real MiniLM
-embedder. The callers are two tenants; a third one (the victim) only ever appears through
+embedder. The callers are two users; a third one (the victim) only ever appears through
 forged fact ids.
 """
 
@@ -95,7 +95,7 @@ def test_hostile_calls_succeed_or_raise_typed_errors_and_change_nothing(
     except Exception as exc:  # noqa: BLE001 - the property under test
         pytest.fail(f"{name}{args!r:.300} raised {type(exc).__name__}: {exc!s:.300}")
     event(f"{name}: ok")
-    assert listed(store, VICTIM) == lists_before[VICTIM], "another tenant's facts changed"
+    assert listed(store, VICTIM) == lists_before[VICTIM], "another user's facts changed"
     if name in ("get", "list", "search", "history", "has_user"):
         assert file_state(store, USERS) == before, f"the read {name} changed the store"
     check_success(store, name, args, result)

@@ -61,7 +61,7 @@ def test_fact_injected_where_captured_matches_vllms_prefix_cache_tp2(
         assert len(set(warm.logprobs[0].values())) > 1  # the logits say something
         assert kv.token_ids == warm.token_ids
         assert kv.logprobs == warm.logprobs
-        # header from the tenant's prefix cache; fact 1, then fact 0 rotated to a new place
+        # header from the user's prefix cache; fact 1, then fact 0 rotated to a new place
         assert moved.num_cached_tokens == 3 * block
         assert moved.report["injected_tokens"] == 2 * block
         assert moved.report["missing"] == []

@@ -24,7 +24,7 @@ def test_a_capture_keeps_the_header_and_the_fact_where_they_are() -> None:
     params = request.params
     # as the connector reads it
     assert parse_params(params.to_dict(), len(request.token_ids)) == params
-    assert params.tenant == "alice" and params.layout == "mine" and not params.inject
+    assert params.user == "alice" and params.layout == "mine" and not params.inject
     header, fact = params.capture
     assert (header.key.ns, header.start, header.end) == ("", 0, 4)
     assert (fact.key.ns, fact.key.name) == ("alice", "f0")

@@ -123,7 +123,7 @@ def _add_index(workloads: Any) -> None:
                        help="comma-separated: exact, qdrant-memory, qdrant-path, sqlite, "
                             "postgres, postgres-hnsw (the last three: the stores' adds)")
     index.add_argument("--dim", type=int, default=384, help="vector size (the embedder's)")
-    index.add_argument("--users", type=int, default=1, help="tenants the facts are spread over")
+    index.add_argument("--users", type=int, default=1, help="users the facts are spread over")
     index.add_argument("--queries", type=int, default=50)
     index.add_argument("--k", type=int, default=10)
     index.add_argument("--seed", type=int, default=0)

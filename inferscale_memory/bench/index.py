@@ -1,7 +1,7 @@
 """``bench index``: search latency and build time of the vector index backends.
 
 Random unit vectors (the embedder's dimension, 384 by default) spread over ``users``
-tenants; queries are random unit vectors searched in the first tenant. Backends:
+users; queries are random unit vectors searched in the first user. Backends:
 ``exact`` (in-process numpy), ``qdrant-memory`` (qdrant-client local mode in memory) and
 ``qdrant-path`` (local mode in a temporary folder, every point persisted), and the fact
 stores' own write path: ``sqlite`` (fact rows in a SQLite file, then the exact index: what

@@ -25,7 +25,7 @@ from inferscale_memory.layout import tail_size
 from inferscale_memory.runtime import Completion, VllmRuntime
 from inferscale_memory.tokens import TokenFacts, TokenRequest
 
-TENANT = "bench"
+USER = "bench"
 LAYOUT = "synthetic"
 
 SHAPES: dict[str, dict[str, Any]] = {
@@ -120,7 +120,7 @@ class SyntheticWorkload:
         self._rng = random.Random(seed)
         self._vocab = vocab
         self.header = self._ids(header_len)
-        self.tokens = TokenFacts(TENANT, self.header, layout=LAYOUT)
+        self.tokens = TokenFacts(USER, self.header, layout=LAYOUT)
         self.fact_len, self.question_len = fact_len, question_len
         self.facts: list[list[int]] = []
 
@@ -160,7 +160,7 @@ class SyntheticWorkload:
                   **kwargs: Any) -> Completion:
         params = prompt.params if mode == "kv" else None
         return await self.runtime.complete(prompt.token_ids, max_tokens=max_tokens,
-                                           params=params, tenant=TENANT, **kwargs)
+                                           params=params, user=USER, **kwargs)
 
 
 class LoadLog:

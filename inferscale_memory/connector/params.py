@@ -2,14 +2,14 @@
 
 A request talks to the connector through ``kv_transfer_params["inferscale"]``::
 
-    {"tenant": "alice",                     # who the request belongs to
+    {"user": "alice",                     # who the request belongs to
      "layout": "3f2a...",                   # id of the prompt layout (part of the salt)
      "capture": [[ns, name, start, end]],   # store the KV of these prompt spans
      "inject":  [[ns, name, start, end]],   # load these facts' KV at these spans
      "evict":   [[ns, name]]}               # drop these facts' KV
 
-``ns`` is the tenant that owns the fact, or ``""`` for shared entries (the prompt header,
-whose tokens are the same for everyone). A request may only name its own tenant's facts
+``ns`` is the user that owns the fact, or ``""`` for shared entries (the prompt header,
+whose tokens are the same for everyone). A request may only name its own user's facts
 and shared entries; anything else is refused by :func:`parse_params`.
 """
 
@@ -29,14 +29,14 @@ MAX_NAME_CHARS = 256
 
 
 class ParamsError(ValueError):
-    """``kv_transfer_params`` are malformed or name another tenant's facts."""
+    """``kv_transfer_params`` are malformed or name another user's facts."""
 
 
 @dataclass(frozen=True, order=True)
 class FactKey:
     """Names one entry of the KV pool: the owning namespace and the fact's name."""
 
-    ns: str  # tenant id, or SHARED_NS for the header
+    ns: str  # user id, or SHARED_NS for the header
     name: str  # fact id (or "header:<hash>")
 
 
@@ -57,7 +57,7 @@ class Span:
 class RequestParams:
     """Validated connector instructions of one request."""
 
-    tenant: str
+    user: str
     layout: str
     capture: tuple[Span, ...] = ()
     inject: tuple[Span, ...] = ()
@@ -65,7 +65,7 @@ class RequestParams:
 
     def to_dict(self) -> dict[str, Any]:
         """The ``kv_transfer_params`` dict that carries these instructions."""
-        body: dict[str, Any] = {"tenant": self.tenant, "layout": self.layout}
+        body: dict[str, Any] = {"user": self.user, "layout": self.layout}
         if self.capture:
             body["capture"] = [[s.key.ns, s.key.name, s.start, s.end] for s in self.capture]
         if self.inject:
@@ -75,13 +75,13 @@ class RequestParams:
         return {PARAMS_KEY: body}
 
 
-def cache_salt(tenant: str, layout: str) -> str:
-    """The prefix-cache salt of injected requests: names the tenant and the layout.
+def cache_salt(user: str, layout: str) -> str:
+    """The prefix-cache salt of injected requests: names the user and the layout.
 
     Injected (approximate) blocks must never be reused by plain requests or by another
-    tenant; vLLM only shares blocks between requests with the same salt.
+    user; vLLM only shares blocks between requests with the same salt.
     """
-    digest = hashlib.sha256(json.dumps([tenant, layout]).encode()).hexdigest()
+    digest = hashlib.sha256(json.dumps([user, layout]).encode()).hexdigest()
     return f"inferscale-{digest[:40]}"
 
 
@@ -100,7 +100,7 @@ def parse_params(raw: Mapping[str, Any] | None, prompt_len: int) -> RequestParam
 
     Raises:
         ParamsError: malformed fields, spans outside the prompt, overlapping spans, a
-            key outside the request's own tenant and the shared namespace, a shared
+            key outside the request's own user and the shared namespace, a shared
             header span not at position 0, or a capture naming a key twice.
     """
     if not raw or PARAMS_KEY not in raw:
@@ -108,15 +108,15 @@ def parse_params(raw: Mapping[str, Any] | None, prompt_len: int) -> RequestParam
     body = raw[PARAMS_KEY]
     if not isinstance(body, Mapping):
         raise ParamsError("kv_transfer_params['inferscale'] must be an object")
-    tenant = body.get("tenant")
+    user = body.get("user")
     layout = body.get("layout", "")
-    if not isinstance(tenant, str) or not tenant or not isinstance(layout, str):
-        raise ParamsError("'tenant' must be a non-empty string and 'layout' a string")
-    capture = _spans(body.get("capture", []), tenant, prompt_len, "capture")
-    inject = _spans(body.get("inject", []), tenant, prompt_len, "inject")
-    evict = tuple(_key(item[:2] if isinstance(item, list) else item, tenant)
+    if not isinstance(user, str) or not user or not isinstance(layout, str):
+        raise ParamsError("'user' must be a non-empty string and 'layout' a string")
+    capture = _spans(body.get("capture", []), user, prompt_len, "capture")
+    inject = _spans(body.get("inject", []), user, prompt_len, "inject")
+    evict = tuple(_key(item[:2] if isinstance(item, list) else item, user)
                   for item in _list(body.get("evict", []), "evict"))
-    return RequestParams(tenant, layout, capture, inject, evict)
+    return RequestParams(user, layout, capture, inject, evict)
 
 
 def _list(value: Any, field: str) -> list[Any]:
@@ -125,21 +125,21 @@ def _list(value: Any, field: str) -> list[Any]:
     return value
 
 
-def _key(item: Any, tenant: str) -> FactKey:
+def _key(item: Any, user: str) -> FactKey:
     if (not isinstance(item, list) or len(item) != 2
             or not all(isinstance(x, str) for x in item)):
         raise ParamsError(f"a fact key must be [namespace, name], got {item!r}")
     ns, name = item
     if not name or len(name) > MAX_NAME_CHARS:
         raise ParamsError("a fact name must have 1 to 256 characters")
-    if ns not in (tenant, SHARED_NS):
-        raise ParamsError("a request may only name its own tenant's facts")
+    if ns not in (user, SHARED_NS):
+        raise ParamsError("a request may only name its own user's facts")
     if ns == SHARED_NS and not name.startswith("header:"):
         raise ParamsError("only prompt headers live in the shared namespace")
     return FactKey(ns, name)
 
 
-def _spans(value: Any, tenant: str, prompt_len: int, field: str) -> tuple[Span, ...]:
+def _spans(value: Any, user: str, prompt_len: int, field: str) -> tuple[Span, ...]:
     spans = []
     for item in _list(value, field):
         if not isinstance(item, list) or len(item) != 4:
@@ -150,9 +150,9 @@ def _spans(value: Any, tenant: str, prompt_len: int, field: str) -> tuple[Span, 
             raise ParamsError("span bounds must be integers")
         if not 0 <= start < end <= prompt_len:
             raise ParamsError(f"span [{start}, {end}) lies outside the prompt of {prompt_len}")
-        key = _key(item[:2], tenant)
+        key = _key(item[:2], user)
         if key.ns == SHARED_NS and start != 0:
-            # Shared KV must depend on its tokens only, never on a tenant's prefix.
+            # Shared KV must depend on its tokens only, never on a user's prefix.
             raise ParamsError("a shared header span must start at position 0")
         spans.append(Span(key, start, end))
     if field == "capture" and len({s.key for s in spans}) != len(spans):

@@ -321,10 +321,10 @@ class SchedulerSide:
             logger.warning("request %s: ignoring kv_transfer_params: %s", request.request_id, exc)
             return None, str(exc)
         if (params is not None and params.inject
-                and request.cache_salt != cache_salt(params.tenant, params.layout)):
-            message = "injection needs the cache_salt of its tenant and layout"
+                and request.cache_salt != cache_salt(params.user, params.layout)):
+            message = "injection needs the cache_salt of its user and layout"
             logger.warning("request %s: %s", request.request_id, message)
-            return RequestParams(params.tenant, params.layout, params.capture, (),
+            return RequestParams(params.user, params.layout, params.capture, (),
                                  params.evict), message
         return params, None
 

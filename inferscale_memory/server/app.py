@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 MAX_BODY_BYTES = 1 << 20
 DESCRIPTION = """OpenAI-compatible chat with per-user memory: each fact's KV cache is
-computed once and injected at answer time. The tenant of a request is `user` (chat),
+computed once and injected at answer time. The user of a request is `user` (chat),
 `user_id` (memories) or the `X-Memory-User` header; send `Authorization: Bearer <key>`
 when the server has API keys."""
 
@@ -45,7 +45,7 @@ def create_app(engine: MemoryEngine, api_keys: ApiKeys | Mapping[str, Any] | Non
 
     Args:
         engine: A started engine; the app never closes it.
-        api_keys: :class:`ApiKeys`, or a mapping key -> tenants list or ``"*"``; ``None``
+        api_keys: :class:`ApiKeys`, or a mapping key -> users list or ``"*"``; ``None``
             disables authentication.
         model_name: The model id clients send (default: the model folder's name).
         max_body_bytes: Larger request bodies get a 413.

@@ -1,11 +1,11 @@
-"""API keys, each bound to the tenants (memory users) it may act for.
+"""API keys, each bound to the memory users it may act for.
 
 Keys come from a JSON file or the ``INFERSCALE_API_KEYS`` environment variable, both a
-JSON object mapping each key to a list of tenants or to ``"*"`` (every tenant)::
+JSON object mapping each key to a list of users or to ``"*"`` (every user)::
 
     {"sk-team-a": ["alice", "bob"], "sk-admin": "*"}
 
-Requests send ``Authorization: Bearer <key>``: no key or an unknown one is a 401, a tenant
+Requests send ``Authorization: Bearer <key>``: no key or an unknown one is a 401, a user
 the key may not use is a 403. Without keys every request is allowed (the ``serve`` command
 then binds to localhost only).
 """
@@ -30,20 +30,20 @@ ALL = "*"
 
 @dataclass(frozen=True)
 class Principal:
-    """Who sent a request: the tenants it may use (``None``: any, auth disabled or ``*``)."""
+    """Who sent a request: the users it may use (``None``: any, auth disabled or ``*``)."""
 
-    tenants: frozenset[str] | None
+    users: frozenset[str] | None
     authenticated: bool = True
 
-    def allows(self, tenant: str) -> bool:
-        """Whether this principal may read, write or chat as ``tenant``."""
-        return self.tenants is None or tenant in self.tenants
+    def allows(self, user: str) -> bool:
+        """Whether this principal may read, write or chat as ``user``."""
+        return self.users is None or user in self.users
 
     @property
-    def only_tenant(self) -> str | None:
-        """The single tenant of a key bound to exactly one, else ``None``."""
-        if self.tenants is not None and len(self.tenants) == 1:
-            return next(iter(self.tenants))
+    def only_user(self) -> str | None:
+        """The single user of a key bound to exactly one, else ``None``."""
+        if self.users is not None and len(self.users) == 1:
+            return next(iter(self.users))
         return None
 
 
@@ -51,10 +51,10 @@ ANONYMOUS = Principal(None, authenticated=False)
 
 
 class ApiKeys:
-    """Key -> allowed tenants. Keys are kept as SHA-256 digests, never compared as text.
+    """Key -> allowed users. Keys are kept as SHA-256 digests, never compared as text.
 
     Args:
-        mapping: Key -> list of tenants, or ``"*"`` for every tenant.
+        mapping: Key -> list of users, or ``"*"`` for every user.
 
     Raises:
         ConfigError: An empty key or a value that is neither ``"*"`` nor a list of
@@ -63,12 +63,12 @@ class ApiKeys:
 
     def __init__(self, mapping: Mapping[str, Any]) -> None:
         if not isinstance(mapping, Mapping):
-            raise ConfigError("API keys must be a JSON object mapping key -> tenants or \"*\"")
+            raise ConfigError("API keys must be a JSON object mapping key -> users or \"*\"")
         self._keys: dict[bytes, Principal] = {}
-        for key, tenants in mapping.items():
+        for key, users in mapping.items():
             if not isinstance(key, str) or not key.strip():
                 raise ConfigError("an API key must be a non-empty string")
-            self._keys[_digest(key)] = Principal(_tenants(tenants))
+            self._keys[_digest(key)] = Principal(_users(users))
 
     def __len__(self) -> int:
         return len(self._keys)
@@ -115,16 +115,16 @@ class ApiKeys:
         return keys
 
 
-def resolve_tenant(principal: Principal, explicit: str | None, header: str | None) -> str | None:
-    """The tenant of a request, checked against what the principal may use.
+def resolve_user(principal: Principal, explicit: str | None, header: str | None) -> str | None:
+    """The user of a request, checked against what the principal may use.
 
     Args:
         principal: The request's principal.
-        explicit: The tenant named in the body or query (``user`` / ``user_id``).
+        explicit: The user named in the body or query (``user`` / ``user_id``).
         header: The ``X-Memory-User`` header.
 
     Returns:
-        The tenant; ``None`` when none is named and the key is not bound to exactly one.
+        The user; ``None`` when none is named and the key is not bound to exactly one.
 
     Raises:
         APIError: 400 when body and header disagree, 403 when the key may not use it.
@@ -132,21 +132,21 @@ def resolve_tenant(principal: Principal, explicit: str | None, header: str | Non
     if explicit is not None and header is not None and explicit != header:
         raise APIError(400, f"the request names user {explicit!r} but the {USER_HEADER} "
                        f"header names {header!r}", param="user", code="user_mismatch")
-    tenant = explicit if explicit is not None else header
-    if tenant is None:
-        return principal.only_tenant
-    if not principal.allows(tenant):
-        raise APIError(403, f"this API key may not act for user {tenant!r}",
-                       param="user", code="tenant_forbidden")
-    return tenant
+    user = explicit if explicit is not None else header
+    if user is None:
+        return principal.only_user
+    if not principal.allows(user):
+        raise APIError(403, f"this API key may not act for user {user!r}",
+                       param="user", code="user_forbidden")
+    return user
 
 
-def _tenants(value: Any) -> frozenset[str] | None:
+def _users(value: Any) -> frozenset[str] | None:
     if value == ALL:
         return None
     if (not isinstance(value, list) or not value
             or not all(isinstance(t, str) and t for t in value)):
-        raise ConfigError("the tenants of an API key must be \"*\" or a non-empty list of "
+        raise ConfigError("the users of an API key must be \"*\" or a non-empty list of "
                           "non-empty strings")
     return frozenset(value)
 

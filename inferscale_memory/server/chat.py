@@ -1,4 +1,4 @@
-"""``POST /v1/chat/completions``: OpenAI-compatible answers with the tenant's memory.
+"""``POST /v1/chat/completions``: OpenAI-compatible answers with the user's memory.
 
 Handlers run on the engine's event loop and await :meth:`MemoryEngine.astream_chat`
 directly. A streamed answer's first piece is awaited before the response starts, so
@@ -18,7 +18,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
 from inferscale_memory.results import ChatChunk, ChatResult
-from inferscale_memory.server.context import ServerContext, context, tenant
+from inferscale_memory.server.context import ServerContext, context, request_user
 from inferscale_memory.server.errors import (
     APIError,
     ClientDisconnected,
@@ -61,7 +61,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
     ctx.check_model(body.model)
     ctx.check_max_tokens(body.max_tokens, "max_tokens")
     ctx.check_max_tokens(body.max_completion_tokens, "max_completion_tokens")
-    call = _Call.prepare(ctx, body, tenant(request, body.user, required=False))
+    call = _Call.prepare(ctx, body, request_user(request, body.user, required=False))
     if body.stream:
         return await call.stream(body)
     result = await _unless_gone(request, ctx.engine.achat(call.messages, **call.kwargs))
@@ -111,7 +111,7 @@ class _Call:
         self.top_logprobs = (body.top_logprobs or 0) if body.logprobs else None
         self.messages = [m.to_engine() for m in body.messages]
         kwargs: dict[str, Any] = {  # a user without facts yet: the engine answers plainly
-            "user_id": None if self.mode == "off" else user, "tenant": user, "k": options.k,
+            "user_id": user, "memory": self.mode != "off", "k": options.k,
             "mode": "text" if self.mode == "off" else self.mode,
             "fact_order": options.fact_order, "recompute_tail": options.recompute_tail,
             "max_tokens": body.max_completion_tokens or body.max_tokens,

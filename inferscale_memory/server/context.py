@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from fastapi import Request
 
-from inferscale_memory.server.auth import ANONYMOUS, USER_HEADER, Principal, resolve_tenant
+from inferscale_memory.server.auth import ANONYMOUS, USER_HEADER, Principal, resolve_user
 from inferscale_memory.server.errors import APIError
 from inferscale_memory.server.metrics import ServerMetrics
 
@@ -66,13 +66,13 @@ def principal(request: Request) -> Principal:
     return getattr(request.state, "principal", ANONYMOUS)
 
 
-def tenant(request: Request, explicit: str | None, *, required: bool) -> str | None:
-    """The request's tenant (body/query, or the ``X-Memory-User`` header), authorized.
+def request_user(request: Request, explicit: str | None, *, required: bool) -> str | None:
+    """The request's user (body/query, or the ``X-Memory-User`` header), authorized.
 
     Raises:
         APIError: 400 when ``required`` and none is named, 403 when not allowed.
     """
-    found = resolve_tenant(principal(request), explicit, user_header(request))
+    found = resolve_user(principal(request), explicit, user_header(request))
     if found is None and required:
         raise APIError(400, f"name the user: user_id in the request or the {USER_HEADER} "
                        "header", param="user_id", code="missing_user")

@@ -13,7 +13,7 @@ from typing import Any
 from fastapi import APIRouter, Query, Request
 
 from inferscale_memory.errors import InvalidInputError
-from inferscale_memory.server.context import context, in_thread, tenant
+from inferscale_memory.server.context import context, in_thread, request_user
 from inferscale_memory.server.errors import ErrorResponseDoc
 from inferscale_memory.server.memory_schemas import (
     AddMemoriesRequest,
@@ -29,13 +29,13 @@ from inferscale_memory.server.memory_schemas import (
 
 logger = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1/memories", tags=["memories"], responses=ErrorResponseDoc)
-UserQuery = Query(None, description="The tenant (or the X-Memory-User header)")
+UserQuery = Query(None, description="The user (or the X-Memory-User header)")
 AllQuery = Query(False, alias="all",
                  description="Must be true: delete-all is never the default of a request")
 
 
 def _user(request: Request, explicit: str | None) -> str:
-    user = tenant(request, explicit, required=True)
+    user = request_user(request, explicit, required=True)
     assert user is not None
     return user
 

@@ -1,7 +1,7 @@
 """Request and response models of the ``/v1/memories`` API.
 
-The tenant is ``user_id`` in the body or query, or the ``X-Memory-User`` header; a key
-bound to exactly one tenant may leave it out.
+The user is ``user_id`` in the body or query, or the ``X-Memory-User`` header; a key
+bound to exactly one user may leave it out.
 """
 
 from __future__ import annotations

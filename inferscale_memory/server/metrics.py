@@ -9,8 +9,8 @@ promotions, rows held) are read at each scrape, with the bytes of the device poo
 the store's fact and user counts are refreshed when ``/metrics`` is scraped (at most every
 ``refresh_s`` seconds: two counts in one SQL query, in a worker thread).
 
-No metric has a tenant label: ``/metrics`` is served without an API key, and a label per
-tenant would publish user ids (and grow without bound with the tenants).
+No metric has a user label: ``/metrics`` is served without an API key, and a label per
+user would publish user ids (and grow without bound with the users).
 """
 
 from __future__ import annotations

@@ -176,7 +176,7 @@ class ResponseFormat(BaseModel):
 
 
 class MemoryOptions(BaseModel):
-    """How the answer uses the tenant's memory.
+    """How the answer uses the user's memory.
 
     Attributes:
         k: Facts retrieved (default: the engine's ``k``).
@@ -227,7 +227,7 @@ class ChatCompletionRequest(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int = Field(1, ge=1, le=1, description="Only 1 is supported")
-    user: str | None = Field(None, description="The memory tenant (or X-Memory-User)")
+    user: str | None = Field(None, description="The memory user (or X-Memory-User)")
     memory: MemoryOptions | None = None
     tools: list[ToolParam] | None = Field(None, max_length=128)
     tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None

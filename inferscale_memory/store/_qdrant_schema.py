@@ -1,9 +1,9 @@
 """The Qdrant collection behind :class:`~inferscale_memory.store.qdrant.QdrantIndex`.
 
-One collection holds every tenant, one point per fact. The point id is a UUID5 of (user id,
-fact id); the payload holds the tenant (a keyword field with a tenant index), the fact id
-and a digest of the vector. This module imports qdrant-client, makes point ids, payloads
-and digests, and creates or checks the collection. It holds no lock: the index calls it
+One collection holds every user, one point per fact. The point id is a UUID5 of (user id,
+fact id); the payload holds the user id (a keyword field, indexed with Qdrant's
+``is_tenant``), the fact id and a digest of the vector. This module imports qdrant-client,
+makes point ids, payloads and digests, and creates or checks the collection. It holds no lock: the index calls it
 under its own.
 """
 
@@ -22,7 +22,7 @@ from inferscale_memory.errors import ConfigError, MissingDependencyError
 logger = logging.getLogger(__name__)
 
 INSTALL = "pip install 'inferscale-memory[qdrant]'"
-TENANT_KEY = "tenant"
+USER_KEY = "tenant"  # the payload field of the user id (its name in stored collections)
 FACT_KEY = "fact_id"
 DIGEST_KEY = "digest"
 _POINT_NAMESPACE = uuid.UUID("4f2c0a8e-6d1b-5c3e-9a7f-1b2d3c4e5f60")
@@ -51,7 +51,7 @@ def vector_digest(vector: np.ndarray) -> str:
 
 def payload(user_id: str, fact_id: str, vector: np.ndarray) -> dict[str, str]:
     """The payload of one fact's point."""
-    return {TENANT_KEY: user_id, FACT_KEY: fact_id, DIGEST_KEY: vector_digest(vector)}
+    return {USER_KEY: user_id, FACT_KEY: fact_id, DIGEST_KEY: vector_digest(vector)}
 
 
 def open_collection(client: Any, name: str, dim: int | None, remote: bool) -> int | None:
@@ -80,8 +80,8 @@ def check_collection(client: Any, name: str, dim: int | None, remote: bool) -> i
     if dim is not None and vectors.size != dim:
         raise ConfigError(f"Qdrant collection {name!r} holds vectors of size {vectors.size}, "
                           f"the embedder gives {dim}; choose another qdrant_collection")
-    if remote and TENANT_KEY not in info.payload_schema:
-        _create_tenant_index(client, name)  # a collection made elsewhere may lack it
+    if remote and USER_KEY not in info.payload_schema:
+        _create_user_index(client, name)  # a collection made elsewhere may lack it
     return int(vectors.size)
 
 
@@ -90,8 +90,8 @@ def create_collection(client: Any, name: str, dim: int, remote: bool) -> int:
     from qdrant_client import models
 
     try:
-        # m=0 with payload_m: no global graph, one HNSW graph per tenant, which is
-        # Qdrant's advice when every search filters on the tenant (as ours do).
+        # m=0 with payload_m: no global graph, one HNSW graph per user, which is
+        # Qdrant's advice when every search filters on the user (as ours do).
         client.create_collection(
             name, vectors_config=models.VectorParams(size=dim, distance=models.Distance.COSINE),
             hnsw_config=models.HnswConfigDiff(payload_m=16, m=0))
@@ -100,13 +100,13 @@ def create_collection(client: Any, name: str, dim: int, remote: bool) -> int:
             raise
         return check_collection(client, name, dim, remote)
     if remote:  # local mode has no payload indexes (and warns about them)
-        _create_tenant_index(client, name)
+        _create_user_index(client, name)
     logger.info("Created Qdrant collection %r (dim %d)", name, dim)
     return dim
 
 
-def _create_tenant_index(client: Any, name: str) -> None:
+def _create_user_index(client: Any, name: str) -> None:
     from qdrant_client import models
 
-    client.create_payload_index(name, TENANT_KEY, field_schema=models.KeywordIndexParams(
+    client.create_payload_index(name, USER_KEY, field_schema=models.KeywordIndexParams(
         type=models.KeywordIndexType.KEYWORD, is_tenant=True))

@@ -13,7 +13,7 @@ class Fact:
 
     Attributes:
         id: Store-wide unique id (``uuid4().hex``).
-        user_id: The tenant that owns the fact.
+        user_id: The user that owns the fact.
         text: The fact text, exactly as added.
         metadata: JSON-serialisable metadata given with the fact (a private copy).
         created_at: Unix time of the add; strictly increasing within one store, so

@@ -1,4 +1,4 @@
-"""The durable, multi-tenant fact store: :class:`MemoryStore`.
+"""The durable, multi-user fact store: :class:`MemoryStore`.
 
 The SQLite file (or a PostgreSQL database, given a ``postgresql://`` URL) is the truth; the
 vector index is made equal to it on open (rebuilt, or for a persistent index such as Qdrant,
@@ -185,7 +185,7 @@ class MemoryStore:
 
     @staticmethod
     def _not_found(fact_id: str, user_id: str) -> FactNotFoundError:
-        # One message whether the id is unknown or another user's: never reveal a tenant.
+        # One message whether the id is unknown or another user's: never tell which.
         return FactNotFoundError(
             f"no fact {fact_id!r} for user {user_id!r}; list(user_id=...) shows the user's facts"
         )

@@ -4,7 +4,7 @@ or the whole SQLite store into PostgreSQL (``inferscale-memory migrate-store --t
 The vectors come from the SQLite file (the truth), so no embedder is loaded. Each user's
 points are made equal to the file (:meth:`QdrantIndex.sync`): running it again writes
 nothing, and a collection that went stale (facts deleted or changed while it was not in
-use) is brought back in line. Tenants that are in the collection but not in the file are
+use) is brought back in line. Users that are in the collection but not in the file are
 left alone.
 
 Example:

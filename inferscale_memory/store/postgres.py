@@ -3,7 +3,7 @@
 :class:`PostgresFactDB` has the contract of :class:`~inferscale_memory.store.sqlite.FactDB`
 (the same tables: ``facts``, ``history``, ``users``, ``meta``), through psycopg 3 and its
 connection pool; embeddings are pgvector ``vector`` columns. :class:`PgVectorIndex`
-searches them in SQL (exact, or HNSW with ``hnsw=True``), the tenant filter in the
+searches them in SQL (exact, or HNSW with ``hnsw=True``), the user filter in the
 ``WHERE`` clause, so every replica sees a fact the moment its add commits.
 
 Texts are UTF-8 ``BYTEA`` and metadata ``JSON`` (not ``TEXT``/``JSONB``): the store accepts
@@ -319,7 +319,7 @@ class PostgresFactDB(FactQueries):
     def create_hnsw(self, dim: int) -> None:
         """Create the HNSW index (cosine) over embeddings of dimension ``dim``, if missing."""
         version = self._all("SELECT extversion FROM pg_extension WHERE extname = 'vector'")[0][0]
-        # The tenant filter runs after the graph walk: pgvector >= 0.8 walks on until k rows
+        # The user filter runs after the graph walk: pgvector >= 0.8 walks on until k rows
         # pass it; older ones see at most ef_search candidates (1000, their maximum).
         modern = tuple(int(p) for p in version.split(".")[:2]) >= (0, 8)
         self._hnsw_setting = ("SET LOCAL hnsw.iterative_scan = strict_order" if modern

@@ -1,8 +1,8 @@
 """A :class:`~inferscale_memory.store.index.VectorIndex` kept in Qdrant: :class:`QdrantIndex`.
 
-One collection holds every tenant. Each point carries its tenant (the user id, a keyword
-payload field with a tenant index), the fact id and a digest of its vector; every search,
-count, remove and clear filters on the tenant, so a user never sees another user's vectors.
+One collection holds every user. Each point carries its user id (a keyword payload field
+indexed with Qdrant's ``is_tenant``), the fact id and a digest of its vector; every search,
+count, remove and clear filters on the user, so a user never sees another user's vectors.
 Qdrant point ids must be UUIDs or integers: a point's id is a UUID5 of ``(user id, fact id)``,
 so the same fact always lands on the same point and upserts are idempotent.
 
@@ -32,7 +32,7 @@ import numpy as np
 
 from inferscale_memory.errors import ConfigError, InvalidInputError, StoreError
 from inferscale_memory.store import _qdrant_schema as schema
-from inferscale_memory.store._qdrant_schema import FACT_KEY, TENANT_KEY, point_id
+from inferscale_memory.store._qdrant_schema import FACT_KEY, USER_KEY, point_id
 from inferscale_memory.store.index import (
     VectorIndex,
     check_ids,
@@ -73,8 +73,8 @@ class QdrantIndex(VectorIndex):
             means ``":memory:"``. A folder can be open in one process at a time.
         url: A Qdrant server, e.g. ``"http://qdrant:6333"`` (instead of ``path``).
         api_key: The server's API key.
-        collection: Collection name; created on first use (cosine distance, a tenant
-            index on the user id, per-tenant HNSW graphs).
+        collection: Collection name; created on first use (cosine distance, a user
+            index on the user id, per-user HNSW graphs).
         dim: Vector dimension; ``None`` takes it from the collection or the first upsert.
 
     Raises:
@@ -162,10 +162,10 @@ class QdrantIndex(VectorIndex):
         self._dim = schema.create_collection(self._client, self._collection, dim,
                                              not self._local)
 
-    def _tenant(self, user_id: str, *conditions: Any) -> Any:
+    def _of_user(self, user_id: str, *conditions: Any) -> Any:
         if not isinstance(user_id, str) or not user_id:
             raise InvalidInputError(f"user_id must be a non-empty string; got {user_id!r}")
-        match = self._models.FieldCondition(key=TENANT_KEY,
+        match = self._models.FieldCondition(key=USER_KEY,
                                             match=self._models.MatchValue(value=user_id))
         return self._models.Filter(must=[match, *conditions])
 
@@ -183,7 +183,7 @@ class QdrantIndex(VectorIndex):
         for start in range(0, len(ids), BATCH):
             has_id = self._models.HasIdCondition(
                 has_id=[point_id(user_id, fid) for fid in ids[start:start + BATCH]])
-            selector = self._models.FilterSelector(filter=self._tenant(user_id, has_id))
+            selector = self._models.FilterSelector(filter=self._of_user(user_id, has_id))
             self._client.delete(self._collection, points_selector=selector, wait=True)
 
     def _checked(self, ids: Sequence[str], vectors: np.ndarray) -> tuple[list[str], np.ndarray]:
@@ -196,7 +196,7 @@ class QdrantIndex(VectorIndex):
         return ids, mat
 
     def upsert(self, user_id: str, ids: Sequence[str], vectors: np.ndarray) -> None:
-        self._tenant(user_id)
+        self._of_user(user_id)
         with self._calls():
             ids, mat = self._checked(ids, vectors)
             if not ids:
@@ -206,20 +206,20 @@ class QdrantIndex(VectorIndex):
             self._write(user_id, ids, mat)
 
     def remove(self, user_id: str, ids: Sequence[str]) -> None:
-        self._tenant(user_id)
+        self._of_user(user_id)
         with self._calls():
             if self._dim is not None and ids:
                 self._delete(user_id, list(ids))
 
     def clear(self, user_id: str) -> None:
-        selector = self._models.FilterSelector(filter=self._tenant(user_id))
+        selector = self._models.FilterSelector(filter=self._of_user(user_id))
         with self._calls():
             if self._dim is not None:
                 self._client.delete(self._collection, points_selector=selector, wait=True)
 
     def search(self, user_id: str, vector: np.ndarray, k: int) -> list[tuple[str, float]]:
         k = check_query(vector, k)
-        tenant = self._tenant(user_id)
+        of_user = self._of_user(user_id)
         with self._calls():
             if self._dim is None:
                 return []
@@ -229,7 +229,7 @@ class QdrantIndex(VectorIndex):
             limit = k + 1
             while True:
                 points = self._client.query_points(
-                    self._collection, query=query, query_filter=tenant, limit=limit,
+                    self._collection, query=query, query_filter=of_user, limit=limit,
                     with_payload=[FACT_KEY]).points
                 if len(points) < limit or points[-1].score < points[k - 1].score:
                     break
@@ -238,16 +238,16 @@ class QdrantIndex(VectorIndex):
         return top_k([p.payload[FACT_KEY] for p in points], scores, k)
 
     def count(self, user_id: str) -> int:
-        tenant = self._tenant(user_id)
+        of_user = self._of_user(user_id)
         with self._calls():
             if self._dim is None:
                 return 0
-            return int(self._client.count(self._collection, count_filter=tenant,
+            return int(self._client.count(self._collection, count_filter=of_user,
                                           exact=True).count)
 
     def digests(self, user_id: str) -> dict[str, str | None]:
         """Return ``{fact id: vector digest}`` of every point of the user (a scroll)."""
-        tenant = self._tenant(user_id)
+        of_user = self._of_user(user_id)
         out: dict[str, str | None] = {}
         with self._calls():
             if self._dim is None:
@@ -255,7 +255,7 @@ class QdrantIndex(VectorIndex):
             offset = None
             while True:
                 records, offset = self._client.scroll(
-                    self._collection, scroll_filter=tenant, limit=1024, offset=offset,
+                    self._collection, scroll_filter=of_user, limit=1024, offset=offset,
                     with_payload=[FACT_KEY, schema.DIGEST_KEY], with_vectors=False)
                 out.update((r.payload[FACT_KEY], r.payload.get(schema.DIGEST_KEY))
                            for r in records)
@@ -274,7 +274,7 @@ class QdrantIndex(VectorIndex):
         Raises:
             InvalidInputError: As :meth:`upsert`.
         """
-        self._tenant(user_id)
+        self._of_user(user_id)
         with self._calls():
             ids, mat = self._checked(ids, vectors)
             if ids and self._dim is None:

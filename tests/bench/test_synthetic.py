@@ -109,13 +109,13 @@ def test_write_json_replaces_the_file_atomically(tmp_path: Path,
 
 
 def test_the_kv_path_injects_all_but_the_policys_tail() -> None:
-    from inferscale_memory.bench.synthetic import TENANT, SyntheticWorkload
+    from inferscale_memory.bench.synthetic import USER, SyntheticWorkload
 
     work = SyntheticWorkload(None, vocab=1000, header_len=4, fact_len=3,  # type: ignore[arg-type]
                              recompute_tail=1)
     work.facts = [[11, 12, 13], [21, 22, 23], [31, 32, 33]]
     prompt = work.prompt([2, 0, 1], question=[7, 7])
     assert prompt.token_ids == work.header + [31, 32, 33, 11, 12, 13, 21, 22, 23, 7, 7]
-    assert prompt.params.tenant == TENANT
+    assert prompt.params.user == USER
     assert [(s.key.name, s.start, s.end) for s in prompt.params.inject] == [
         ("header:synthetic", 0, 4), ("2", 4, 7), ("0", 7, 10)]  # fact 1 is the tail

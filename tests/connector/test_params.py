@@ -27,8 +27,8 @@ PROMPT_LEN = 40
 
 
 def body(**fields: Any) -> dict[str, Any]:
-    """A request's ``kv_transfer_params`` with our body, tenant alice by default."""
-    return {PARAMS_KEY: {"tenant": "alice", "layout": "L1", **fields}}
+    """A request's ``kv_transfer_params`` with our body, user alice by default."""
+    return {PARAMS_KEY: {"user": "alice", "layout": "L1", **fields}}
 
 
 def test_valid_body_is_parsed_into_sorted_spans_and_keys() -> None:
@@ -39,7 +39,7 @@ def test_valid_body_is_parsed_into_sorted_spans_and_keys() -> None:
     )
     params = parse_params(raw, PROMPT_LEN)
     assert params == RequestParams(
-        tenant="alice",
+        user="alice",
         layout="L1",
         capture=(Span(FactKey(SHARED_NS, HEADER), 0, 10),
                  Span(FactKey("alice", "f1"), 10, 20),
@@ -59,7 +59,7 @@ def test_span_may_end_at_the_prompt_end_and_adjacent_spans_do_not_overlap() -> N
 
 
 def test_minimal_body_and_layout_default() -> None:
-    params = parse_params({PARAMS_KEY: {"tenant": "bob"}}, 5)
+    params = parse_params({PARAMS_KEY: {"user": "bob"}}, 5)
     assert params == RequestParams("bob", "")
 
 
@@ -69,13 +69,13 @@ def test_no_params_of_ours_gives_none(raw: dict[str, Any] | None) -> None:
 
 
 @pytest.mark.parametrize("field", ["capture", "inject"])
-def test_other_tenants_span_is_refused(field: str) -> None:
-    with pytest.raises(ParamsError, match="own tenant"):
+def test_other_users_span_is_refused(field: str) -> None:
+    with pytest.raises(ParamsError, match="own user"):
         parse_params(body(**{field: [["bob", "f1", 0, 5]]}), PROMPT_LEN)
 
 
-def test_other_tenants_eviction_is_refused() -> None:
-    with pytest.raises(ParamsError, match="own tenant"):
+def test_other_users_eviction_is_refused() -> None:
+    with pytest.raises(ParamsError, match="own user"):
         parse_params(body(evict=[["bob", "f1"]]), PROMPT_LEN)
 
 
@@ -131,22 +131,22 @@ def test_oversize_lists_are_refused(field: str) -> None:
     assert params is not None and len(getattr(params, field)) == MAX_SPANS
 
 
-@pytest.mark.parametrize("inner", [[], "alice", 3, None, ["tenant", "alice"], True])
+@pytest.mark.parametrize("inner", [[], "alice", 3, None, ["user", "alice"], True])
 def test_non_object_body_is_refused(inner: Any) -> None:
     with pytest.raises(ParamsError, match="must be an object"):
         parse_params({PARAMS_KEY: inner}, PROMPT_LEN)
 
 
 @pytest.mark.parametrize("fields", [
-    {},                               # no tenant
-    {"tenant": ""},
-    {"tenant": 3},
-    {"tenant": ["alice"]},
-    {"tenant": "alice", "layout": 1},
-    {"tenant": "alice", "layout": None},
+    {},                               # no user
+    {"user": ""},
+    {"user": 3},
+    {"user": ["alice"]},
+    {"user": "alice", "layout": 1},
+    {"user": "alice", "layout": None},
 ])
-def test_bad_tenant_or_layout_is_refused(fields: dict[str, Any]) -> None:
-    with pytest.raises(ParamsError, match="tenant"):
+def test_bad_user_or_layout_is_refused(fields: dict[str, Any]) -> None:
+    with pytest.raises(ParamsError, match="user"):
         parse_params({PARAMS_KEY: fields}, PROMPT_LEN)
 
 
@@ -179,7 +179,7 @@ def test_longest_allowed_name_is_accepted() -> None:
 
 def test_to_dict_round_trips_through_parse_params() -> None:
     original = RequestParams(
-        tenant="alice",
+        user="alice",
         layout="L9",
         capture=(Span(FactKey("", HEADER), 0, 7), Span(FactKey("alice", "f"), 7, 19)),
         inject=(Span(FactKey("", HEADER), 0, 7),),
@@ -187,23 +187,23 @@ def test_to_dict_round_trips_through_parse_params() -> None:
     )
     assert parse_params(original.to_dict(), 19) == original
     bare = RequestParams("alice", "L9")
-    assert bare.to_dict() == {PARAMS_KEY: {"tenant": "alice", "layout": "L9"}}
+    assert bare.to_dict() == {PARAMS_KEY: {"user": "alice", "layout": "L9"}}
     assert parse_params(bare.to_dict(), 1) == bare
 
 
-tenant_names = st.text(min_size=1, max_size=6)
+user_names = st.text(min_size=1, max_size=6)
 fact_names = st.text(min_size=1, max_size=8)
 
 
 @st.composite
 def request_params(draw: st.DrawFn) -> tuple[RequestParams, int]:
-    tenant = draw(tenant_names)
+    user = draw(user_names)
     layout = draw(st.text(max_size=6))
 
     def key(shared: bool) -> FactKey:
         if shared:
             return FactKey(SHARED_NS, "header:" + draw(st.text(max_size=5)))
-        return FactKey(tenant, draw(fact_names))
+        return FactKey(user, draw(fact_names))
 
     def spans(unique: bool) -> tuple[Span, ...]:
         lengths = draw(st.lists(st.tuples(st.integers(0, 3), st.integers(1, 5)), max_size=5))
@@ -223,7 +223,7 @@ def request_params(draw: st.DrawFn) -> tuple[RequestParams, int]:
     evict = tuple(key(draw(st.booleans())) for _ in range(draw(st.integers(0, 3))))
     ends = [s.end for s in capture + inject]
     prompt_len = max(ends, default=0) + draw(st.integers(0, 3))
-    return RequestParams(tenant, layout, capture, inject, evict), prompt_len
+    return RequestParams(user, layout, capture, inject, evict), prompt_len
 
 
 @settings(max_examples=200, deadline=None)
@@ -233,7 +233,7 @@ def test_to_dict_round_trips_for_random_params(case: tuple[RequestParams, int]) 
     assert parse_params(params.to_dict(), prompt_len) == params
 
 
-def test_cache_salt_differs_per_tenant_and_per_layout() -> None:
+def test_cache_salt_differs_per_user_and_per_layout() -> None:
     salts = {cache_salt(t, layout) for t in ("alice", "bob") for layout in ("L1", "L2")}
     assert len(salts) == 4
     assert cache_salt("alice", "L1") == cache_salt("alice", "L1")
@@ -264,7 +264,7 @@ near_field = st.lists(near_items | json_values, max_size=6) | json_values
 near_bodies = st.fixed_dictionaries(
     {},
     optional={
-        "tenant": st.sampled_from(["alice", "bob", ""]) | json_values,
+        "user": st.sampled_from(["alice", "bob", ""]) | json_values,
         "layout": st.text(max_size=4) | json_values,
         "capture": near_field,
         "inject": near_field,
@@ -288,15 +288,15 @@ def test_junk_bodies_raise_only_params_error(raw: dict[str, Any], prompt_len: in
     assert params is not None
     for span in params.capture + params.inject:
         assert 0 <= span.start < span.end <= prompt_len
-        assert span.key.ns in (params.tenant, SHARED_NS)
+        assert span.key.ns in (params.user, SHARED_NS)
         assert span.key.ns != SHARED_NS or span.start == 0
     assert parse_params(params.to_dict(), prompt_len) == params
 
 
 @pytest.mark.parametrize("field", ["capture", "inject"])
 def test_shared_header_must_start_the_prompt(field: str) -> None:
-    # A header's KV is shared by every tenant and must depend on its tokens only: one
-    # captured after other tokens would carry that tenant's context into everyone's
+    # A header's KV is shared by every user and must depend on its tokens only: one
+    # captured after other tokens would carry that user's context into everyone's
     # prompts (the registry only checks the tokens).
     with pytest.raises(ParamsError, match="position 0"):
         parse_params(body(**{field: [["", HEADER, 5, 13]]}), PROMPT_LEN)

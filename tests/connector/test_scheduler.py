@@ -93,17 +93,17 @@ def continue_step(side: SchedulerSide, req: Request, scheduled: int,
     return plan
 
 
-def salt(tenant: str = "alice", layout_id: str = LAYOUT) -> str:
-    return cache_salt(tenant, layout_id)
+def salt(user: str = "alice", layout_id: str = LAYOUT) -> str:
+    return cache_salt(user, layout_id)
 
 
 def capture_all(side: SchedulerSide, req_id: str = "cap",
                 parts: tuple[tuple[FactKey, list[int]], ...] = ((HEADER, HEADER_IDS),
                                                                 (A, A_IDS), (B, B_IDS)),
-                tenant: str = "alice") -> dict[str, Any] | None:
+                user: str = "alice") -> dict[str, Any] | None:
     """Schedule a capture request of ``parts`` (+ a question) and finish it."""
-    prompt, spans = layout(*parts, (FactKey(tenant, "q"), QUESTION))
-    req = request(req_id, prompt, RequestParams(tenant, LAYOUT, capture=tuple(spans[:-1])))
+    prompt, spans = layout(*parts, (FactKey(user, "q"), QUESTION))
+    req = request(req_id, prompt, RequestParams(user, LAYOUT, capture=tuple(spans[:-1])))
     schedule(side, req, [1, 2, 3])
     return side.finished(req)
 
@@ -125,16 +125,16 @@ def primed() -> SchedulerSide:
 
 
 def inject_request(req_id: str, parts: tuple[tuple[FactKey, list[int]], ...],
-                   tail: list[int] = QUESTION, tenant: str = "alice",
+                   tail: list[int] = QUESTION, user: str = "alice",
                    request_salt: str | None = None,
                    inject_keys: tuple[FactKey, ...] | None = None) -> Request:
     prompt, spans = layout(*parts)
     prompt += tail
     if inject_keys is not None:
         spans = [s for s in spans if s.key in inject_keys]
-    params = RequestParams(tenant, LAYOUT, inject=tuple(spans))
+    params = RequestParams(user, LAYOUT, inject=tuple(spans))
     return request(req_id, prompt, params,
-                   salt(tenant) if request_salt is None else request_salt)
+                   salt(user) if request_salt is None else request_salt)
 
 
 # -- nothing exists yet ---------------------------------------------------------------
@@ -267,24 +267,24 @@ def test_missing_fact_in_the_middle_stops_the_claim(side: SchedulerSide) -> None
     assert side.finished(req)[PARAMS_KEY]["missing"] == [["alice", "fb"], ["alice", "fc"]]
 
 
-def test_other_tenants_key_is_ignored_and_reported(primed: SchedulerSide) -> None:
+def test_other_users_key_is_ignored_and_reported(primed: SchedulerSide) -> None:
     prompt, spans = layout((HEADER, HEADER_IDS), (A, A_IDS))
     raw = RequestParams("alice", LAYOUT, inject=tuple(spans)).to_dict()
-    raw[PARAMS_KEY]["tenant"] = "bob"  # bob names alice's fact
+    raw[PARAMS_KEY]["user"] = "bob"  # bob names alice's fact
     req = request("bob-1", prompt + QUESTION, raw, salt("bob"))
     claimed, plan = schedule(primed, req, [4, 8])
     assert claimed == 0
     assert plan.is_empty()
     report = primed.finished(req)[PARAMS_KEY]
     assert report["injected_tokens"] == 0
-    assert "own tenant" in report["error"]
+    assert "own user" in report["error"]
     # even bob's shared header is not loaded: the whole request is served as plain
     assert A in primed.facts.device
 
 
 def test_bob_may_use_the_shared_header_but_not_alices_facts(primed: SchedulerSide) -> None:
     bob_fact = FactKey("bob", "fa")  # same name as alice's fact, in bob's namespace
-    req = inject_request("bob-2", ((HEADER, HEADER_IDS), (bob_fact, A_IDS)), tenant="bob")
+    req = inject_request("bob-2", ((HEADER, HEADER_IDS), (bob_fact, A_IDS)), user="bob")
     claimed, plan = schedule(primed, req, [4, 8])
     assert claimed == 8
     assert plan.loads[0].pieces == [(HEADER, 0, 8, 0)]
@@ -322,7 +322,7 @@ def test_unsalted_request_still_captures(side: SchedulerSide) -> None:
 
 def test_malformed_params_are_served_plain_with_an_error(side: SchedulerSide) -> None:
     req = request("bad", HEADER_IDS + QUESTION,
-                  {PARAMS_KEY: {"tenant": "alice", "inject": [["alice", "f", 0, 999]]}}, salt())
+                  {PARAMS_KEY: {"user": "alice", "inject": [["alice", "f", 0, 999]]}}, salt())
     claimed, plan = schedule(side, req, [4])
     assert claimed == 0 and plan.is_empty()
     assert "outside the prompt" in side.finished(req)[PARAMS_KEY]["error"]
@@ -574,12 +574,12 @@ def test_eviction_during_a_capture_is_not_undone_by_its_finish(
     assert C not in primed.facts.device
 
 
-def test_tenant_cannot_capture_the_shared_header_after_its_own_tokens(
+def test_user_cannot_capture_the_shared_header_after_its_own_tokens(
         side: SchedulerSide) -> None:
     # bob captures the header's tokens after a prefix of his own: that KV is not the
     # header's, and alice's requests (whose header tokens match) must never load it.
     junk = [900, 901, 902]
-    raw = {PARAMS_KEY: {"tenant": "bob", "layout": LAYOUT,
+    raw = {PARAMS_KEY: {"user": "bob", "layout": LAYOUT,
                         "capture": [["", HEADER.name, 3, 11]]}}
     cap = request("bob-cap", junk + HEADER_IDS + QUESTION, raw)
     _, plan = schedule(side, cap, [1])

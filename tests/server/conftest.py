@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import pytest
-from server_helpers import KEYS, TENANT_A, TENANT_B, http
+from server_helpers import KEYS, USER_A, USER_B, http
 
 if TYPE_CHECKING:
     from inferscale_memory import MemoryEngine
@@ -33,9 +33,12 @@ def model(engine: MemoryEngine) -> str:
 
 
 @pytest.fixture
-def fresh_tenants(server: ServerHandle) -> None:
-    """The keyed tenants A and B start without facts (other tests of the session add some)."""
+def fresh_users(server: ServerHandle) -> None:
+    """The keyed users A and B start without facts (other tests of the session add some)."""
     with http(server) as client:
-        for tenant in (TENANT_A, TENANT_B):
-            response = client.delete("/memories", params={"user_id": tenant, "all": True})
-            assert response.status_code == 200, response.text
+        for user in (USER_A, USER_B):
+            response = client.delete("/memories", params={"user_id": user, "all": True})
+            # 404: a user who never stored a fact (this test runs first)
+            assert response.status_code == 200 or (
+                response.status_code == 404
+                and response.json()["error"]["code"] == "user_not_found"), response.text

@@ -11,8 +11,8 @@ if TYPE_CHECKING:
 
     from inferscale_memory.server import ServerHandle
 
-TENANT_A, TENANT_B = "srv-tenant-a", "srv-tenant-b"
-KEYS = {"key-admin": "*", "key-a": [TENANT_A], "key-b": [TENANT_B]}
+USER_A, USER_B = "srv-user-a", "srv-user-b"
+KEYS = {"key-admin": "*", "key-a": [USER_A], "key-b": [USER_B]}
 TIMEOUT = 120.0
 
 

@@ -1,4 +1,4 @@
-"""API keys and tenant resolution (no engine needed)."""
+"""API keys and user resolution (no engine needed)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from inferscale_memory.errors import ConfigError
-from inferscale_memory.server.auth import ENV_VAR, ApiKeys, Principal, resolve_tenant
+from inferscale_memory.server.auth import ENV_VAR, ApiKeys, Principal, resolve_user
 from inferscale_memory.server.errors import APIError
 
 
@@ -20,8 +20,8 @@ def test_keys_from_a_file_and_from_the_environment(tmp_path: Path,
     path.write_text(json.dumps({"sk-a": ["alice"], "sk-all": "*"}))
     keys = ApiKeys.load(path)
     assert keys is not None and len(keys) == 2
-    assert keys.authenticate("Bearer sk-a").tenants == frozenset({"alice"})
-    assert keys.authenticate("bearer  sk-all ").tenants is None
+    assert keys.authenticate("Bearer sk-a").users == frozenset({"alice"})
+    assert keys.authenticate("bearer  sk-all ").users is None
     monkeypatch.setenv(ENV_VAR, json.dumps({"sk-env": ["bob"]}))
     from_env = ApiKeys.load()
     assert from_env is not None and from_env.authenticate("Bearer sk-env").allows("bob")
@@ -52,17 +52,17 @@ def test_bad_key_file(tmp_path: Path) -> None:
         ApiKeys.load(tmp_path / "empty.json")
 
 
-def test_tenant_resolution() -> None:
+def test_user_resolution() -> None:
     alice = Principal(frozenset({"alice"}))
     both = Principal(frozenset({"alice", "bob"}))
     anyone = Principal(None)
-    assert resolve_tenant(alice, None, None) == "alice"  # the key's only tenant
-    assert resolve_tenant(both, None, None) is None
-    assert resolve_tenant(both, None, "bob") == "bob"
-    assert resolve_tenant(anyone, "carol", "carol") == "carol"
+    assert resolve_user(alice, None, None) == "alice"  # the key's only user
+    assert resolve_user(both, None, None) is None
+    assert resolve_user(both, None, "bob") == "bob"
+    assert resolve_user(anyone, "carol", "carol") == "carol"
     with pytest.raises(APIError) as forbidden:
-        resolve_tenant(alice, "bob", None)
+        resolve_user(alice, "bob", None)
     assert forbidden.value.status == 403
     with pytest.raises(APIError) as mismatch:
-        resolve_tenant(anyone, "bob", "carol")
+        resolve_user(anyone, "bob", "carol")
     assert mismatch.value.status == 400

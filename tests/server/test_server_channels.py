@@ -1,7 +1,7 @@
-"""Channels besides the answer that could tell one tenant about another (see
-docs/reliability.md): a fact id of another tenant looks exactly like an unknown one,
-``/metrics`` and ``/health`` (no API key needed) name no tenant, fact or id, and error
-messages never name another tenant."""
+"""Channels besides the answer that could tell one user about another (see
+docs/reliability.md): a fact id of another user looks exactly like an unknown one,
+``/metrics`` and ``/health`` (no API key needed) name no user, fact or id, and error
+messages never name another user."""
 
 from __future__ import annotations
 
@@ -11,14 +11,14 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from server_helpers import TENANT_A, TENANT_B, add_facts, ask, http
+from server_helpers import USER_A, USER_B, add_facts, ask, http
 
 if TYPE_CHECKING:
     from inferscale_memory.server import ServerHandle
 
 pytestmark = pytest.mark.engine
 
-SECRET = "Tenant B keeps the spare key under the third flowerpot."
+SECRET = "User B keeps the spare key under the third flowerpot."
 LABELS = {"route", "method", "status", "mode", "op", "le", "reason"}
 REASONS = {"off", "no_facts"}  # why an answer used no memory: never who asked
 
@@ -26,17 +26,17 @@ REASONS = {"off", "no_facts"}  # why an answer used no memory: never who asked
 def by_id(client: httpx.Client, method: str, fact_id: str) -> httpx.Response:
     path = f"/memories/{fact_id}"
     if method == "PUT":
-        return client.put(path, json={"user_id": TENANT_A, "text": "Overwritten."})
+        return client.put(path, json={"user_id": USER_A, "text": "Overwritten."})
     if method == "HISTORY":
-        return client.get(path + "/history", params={"user_id": TENANT_A})
-    return client.request(method, path, params={"user_id": TENANT_A})
+        return client.get(path + "/history", params={"user_id": USER_A})
+    return client.request(method, path, params={"user_id": USER_A})
 
 
 @pytest.mark.parametrize("method", ["GET", "PUT", "DELETE", "HISTORY"])
-def test_another_tenants_fact_id_looks_like_an_unknown_one(server: ServerHandle,
+def test_another_users_fact_id_looks_like_an_unknown_one(server: ServerHandle,
                                                            method: str) -> None:
-    add_facts(server, TENANT_A, "Tenant A likes green tea.", key="key-a")
-    [theirs] = add_facts(server, TENANT_B, SECRET, key="key-b")
+    add_facts(server, USER_A, "User A likes green tea.", key="key-a")
+    [theirs] = add_facts(server, USER_B, SECRET, key="key-b")
     unknown = str(uuid.uuid4())
     with http(server, "key-a") as client:
         other = by_id(client, method, theirs["id"])
@@ -44,27 +44,27 @@ def test_another_tenants_fact_id_looks_like_an_unknown_one(server: ServerHandle,
     assert other.status_code == missing.status_code == 404
     assert other.headers.get("content-type") == missing.headers.get("content-type")
     assert other.text.replace(theirs["id"], "ID") == missing.text.replace(unknown, "ID")
-    assert TENANT_B not in other.text and SECRET not in other.text
+    assert USER_B not in other.text and SECRET not in other.text
     with http(server, "key-b") as client:  # and the fact is untouched
-        mine = client.get(f"/memories/{theirs['id']}", params={"user_id": TENANT_B})
+        mine = client.get(f"/memories/{theirs['id']}", params={"user_id": USER_B})
     assert mine.status_code == 200 and mine.json()["text"] == SECRET
 
 
-def test_metrics_and_health_name_no_tenant_fact_or_id(server: ServerHandle,
+def test_metrics_and_health_name_no_user_fact_or_id(server: ServerHandle,
                                                       model: str) -> None:
-    tenant = f"chan-{uuid.uuid4().hex[:8]}"
-    [fact] = add_facts(server, tenant, SECRET)
+    user = f"chan-{uuid.uuid4().hex[:8]}"
+    [fact] = add_facts(server, user, SECRET)
     with http(server) as client:
-        assert client.get(f"/memories/{fact['id']}", params={"user_id": tenant}).status_code \
+        assert client.get(f"/memories/{fact['id']}", params={"user_id": user}).status_code \
             == 200
         assert client.post("/chat/completions", json={
-            "model": model, "user": tenant, "messages": ask("Where is the key?"),
+            "model": model, "user": user, "messages": ask("Where is the key?"),
             "max_tokens": 2}).status_code == 200
     anonymous = httpx.Client(base_url=server.url, timeout=60)
     metrics, health = anonymous.get("/metrics"), anonymous.get("/health")
     anonymous.close()
     assert metrics.status_code == 200 and health.status_code == 200
-    for leak in (tenant, fact["id"], "spare key", TENANT_A, TENANT_B):
+    for leak in (user, fact["id"], "spare key", USER_A, USER_B):
         assert leak not in metrics.text and leak not in health.text
     names: set[str] = set()
     routes: set[str] = set()
@@ -73,26 +73,26 @@ def test_metrics_and_health_name_no_tenant_fact_or_id(server: ServerHandle,
             names.update(sample.labels)
             routes.update(v for k, v in sample.labels.items() if k == "route")
             assert sample.labels.get("reason", "off") in REASONS, sample
-    assert names <= LABELS, names - LABELS  # no per-tenant series to difference
+    assert names <= LABELS, names - LABELS  # no per-user series to difference
     assert "/v1/memories/{memory_id}" in routes  # ids are counted under the template
     assert set(health.json()) == {"status", "model"}
 
 
 @pytest.mark.parametrize(("key", "request_"), [
-    ("key-a", {"method": "GET", "url": "/memories", "params": {"user_id": TENANT_B}}),
+    ("key-a", {"method": "GET", "url": "/memories", "params": {"user_id": USER_B}}),
     ("key-a", {"method": "POST", "url": "/memories/search",
-               "json": {"user_id": TENANT_B, "query": "key"}}),
+               "json": {"user_id": USER_B, "query": "key"}}),
     ("key-a", {"method": "POST", "url": "/chat/completions",
-               "json": {"model": "m", "user": TENANT_B, "messages": ask("Hi")}}),
+               "json": {"model": "m", "user": USER_B, "messages": ask("Hi")}}),
     ("key-b", {"method": "GET", "url": "/memories/x", "params": {"user_id": "nobody-at-all"}}),
 ])
 def test_error_messages_name_only_what_the_caller_sent(server: ServerHandle, key: str,
                                                        request_: dict[str, Any]) -> None:
-    add_facts(server, TENANT_B, SECRET, key="key-b")
+    add_facts(server, USER_B, SECRET, key="key-b")
     with http(server, key) as client:
         response = client.request(**request_)
     assert 400 <= response.status_code < 500
     sent = str(request_)
-    for other in (TENANT_A, TENANT_B, SECRET):
+    for other in (USER_A, USER_B, SECRET):
         if other not in sent:
             assert other not in response.text

@@ -1,5 +1,5 @@
 """Small robustness edges of the server: what a dropped upload and a 401 are counted as,
-non-ASCII tenants in the header, strict types and a byte order mark in the body."""
+non-ASCII users in the header, strict types and a byte order mark in the body."""
 
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ def test_a_401_is_counted_under_its_route(server: ServerHandle, model: str) -> N
     assert wait_for_count(server, key, before) == before + 1
 
 
-def test_a_non_ascii_tenant_in_the_header_is_utf8(server: ServerHandle) -> None:
+def test_a_non_ascii_user_in_the_header_is_utf8(server: ServerHandle) -> None:
     add_facts(server, "zoë", "Zoë collects blue teapots.")
     with http(server) as client:
         listed = client.get("/memories", headers={"X-Memory-User": "zoë".encode()})

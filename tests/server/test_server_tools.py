@@ -1,7 +1,7 @@
 """Tools and structured output through the server, with the official ``openai`` client.
 
 The server runs over ``tool_engine`` (random weights, Qwen2.5's tool template): guided
-decoding makes its calls parseable; the tenant's fact is injected as KV in every answer.
+decoding makes its calls parseable; the user's fact is injected as KV in every answer.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from mem0 import AsyncMemory, Memory
 from mem0.configs.base import mem0_dir
 
 from inferscale_memory import ChatResult, Fact, MemoryEngine, ScoredFact
-from mem0_inferscale.vector_store import InferScaleVectorStore, tenant_of
+from mem0_inferscale.vector_store import InferScaleVectorStore, user_of
 
 EXTRACTION_MAX_TOKENS = 512
 M = TypeVar("M", Memory, AsyncMemory)
@@ -110,10 +110,10 @@ def answer(memory: Memory, query: str, *, user_id: str | None = None,
                         "use `await mem0_inferscale.aanswer(...)`")
     store = _store_of(memory, "answer")
     scope = _scope(filters, user_id=user_id, agent_id=agent_id, run_id=run_id)
-    tenant = tenant_of(scope)
+    user = user_of(scope)
     found = memory.search(query, top_k=k, filters=scope)
     return store.engine.answer([*messages, {"role": "user", "content": query}],
-                               _facts(found, tenant), user_id=tenant, mode=mode, **options)
+                               _facts(found, user), user_id=user, mode=mode, **options)
 
 
 async def aanswer(memory: AsyncMemory, query: str, *, user_id: str | None = None,
@@ -130,10 +130,10 @@ async def aanswer(memory: AsyncMemory, query: str, *, user_id: str | None = None
         raise TypeError("aanswer() needs a mem0 AsyncMemory; for a Memory, call answer()")
     store = _store_of(memory, "aanswer")
     scope = _scope(filters, user_id=user_id, agent_id=agent_id, run_id=run_id)
-    tenant = tenant_of(scope)
+    user = user_of(scope)
     found = await memory.search(query, top_k=k, filters=scope)
     return await store.engine.achat([*messages, {"role": "user", "content": query}],
-                                    facts=_facts(found, tenant), user_id=tenant, mode=mode,
+                                    facts=_facts(found, user), user_id=user, mode=mode,
                                     **options)
 
 
@@ -144,7 +144,7 @@ def warm(memory: Memory | AsyncMemory, *, user_id: str | None = None,
     returns how many. Blocks (also for an ``AsyncMemory``)."""
     store = _store_of(memory, "warm")
     scope = _scope(filters, user_id=user_id, agent_id=agent_id, run_id=run_id)
-    tenant_of(scope)  # a scope id is required, as for answer
+    user_of(scope)  # a scope id is required, as for answer
     rows = store.inner.list(filters=scope, top_k=100_000)
     rows = rows[0] if rows and isinstance(rows[0], list | tuple) else rows
     rows = [r for r in rows if r.payload and r.payload.get("data")]
@@ -174,7 +174,7 @@ def _scope(filters: dict[str, Any] | None, **ids: str | None) -> dict[str, Any]:
     return scope
 
 
-def _facts(found: dict[str, Any], tenant: str) -> list[ScoredFact]:
-    """Mem0's search results as the engine's facts of ``tenant`` (where their KV is)."""
-    return [ScoredFact(Fact(hit["id"], tenant, hit["memory"], {}, 0.0, 0.0),
+def _facts(found: dict[str, Any], user: str) -> list[ScoredFact]:
+    """Mem0's search results as the engine's facts of ``user`` (where their KV is)."""
+    return [ScoredFact(Fact(hit["id"], user, hit["memory"], {}, 0.0, 0.0),
                        float(hit.get("score") or 0.0)) for hit in found["results"]]

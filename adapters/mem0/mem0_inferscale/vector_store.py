@@ -4,7 +4,7 @@ It wraps the store Mem0 built from its own configuration (qdrant, faiss, ...) an
 every call through; writes are mirrored to the engine: an insert captures the facts' KV,
 an update whose text changed recaptures it, a delete (and ``reset``) evicts it. The facts
 stay in Mem0; the engine keys their KV by Mem0's memory id, under each Mem0 scope id the
-memory carries (:func:`tenants_of`), so a search by any of its scopes can inject it.
+memory carries (:func:`users_of`), so a search by any of its scopes can inject it.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from mem0.vector_stores.base import VectorStoreBase
 from inferscale_memory import Fact, MemoryEngine
 
 RESET_BATCH = 1000
-SCOPES = ("user_id", "agent_id", "run_id")  # Mem0's scope ids, in the order tenant_of picks
+SCOPES = ("user_id", "agent_id", "run_id")  # Mem0's scope ids, in the order user_of picks
 PREFIXES = {"user_id": "", "agent_id": "agent:", "run_id": "run:"}
 # Engines a Mem0 memory was attached to: their chat models warn that Mem0's facts are not
 # in the engine's store (langchain_inferscale.injection).
@@ -39,11 +39,11 @@ def scope_ids(scope: Mapping[str, Any]) -> dict[str, str]:
     return {name: value for name, value in found.items() if value and value != "*"}
 
 
-def tenants_of(payload: Mapping[str, Any]) -> list[str]:
+def users_of(payload: Mapping[str, Any]) -> list[str]:
     """The engine users that keep a Mem0 memory's KV: one per scope id it carries.
 
     A search scoped by any of these ids, alone or combined, answers as one of them
-    (:func:`tenant_of`), so every hit of any search has its KV under the search's tenant.
+    (:func:`user_of`), so every hit of any search has its KV under the search's user.
     """
     ids = scope_ids(payload)
     if not ids:
@@ -51,7 +51,7 @@ def tenants_of(payload: Mapping[str, Any]) -> list[str]:
     return [PREFIXES[name] + value for name, value in ids.items()]
 
 
-def tenant_of(scope: Mapping[str, Any]) -> str:
+def user_of(scope: Mapping[str, Any]) -> str:
     """The engine user that answers a Mem0 search scoped by ``scope`` (its filters): the
     user_id, else ``agent:<agent_id>``, else ``run:<run_id>``."""
     ids = scope_ids(scope)
@@ -63,9 +63,9 @@ def tenant_of(scope: Mapping[str, Any]) -> str:
 
 
 def facts_of(memory_id: Any, payload: Mapping[str, Any]) -> list[Fact]:
-    """The engine's view of a Mem0 memory: its text under Mem0's id, once per tenant."""
-    return [Fact(str(memory_id), tenant, payload["data"], {}, 0.0, 0.0)
-            for tenant in tenants_of(payload)]
+    """The engine's view of a Mem0 memory: its text under Mem0's id, once per user."""
+    return [Fact(str(memory_id), user, payload["data"], {}, 0.0, 0.0)
+            for user in users_of(payload)]
 
 
 class InferScaleVectorStore(VectorStoreBase):
@@ -148,7 +148,7 @@ class InferScaleVectorStore(VectorStoreBase):
 
     def capture(self, stored: list[tuple[str, dict[str, Any], Any]]) -> None:
         """Capture the KV of Mem0 memories given as (memory id, payload, embedding or None),
-        under each of their tenants (:func:`tenants_of`).
+        under each of their users (:func:`users_of`).
 
         With the engine's ``capture_context`` = n > 0, each memory is captured after its n
         nearest memories of the same scope in this store (Mem0's users are not in the
@@ -157,7 +157,7 @@ class InferScaleVectorStore(VectorStoreBase):
         contexts = {memory_id: self._neighbours(memory_id, payload, vector)
                     for memory_id, payload, vector in stored}
         facts = [fact for memory_id, payload, _ in stored for fact in facts_of(memory_id, payload)]
-        for user_id, group in _by_tenant(facts).items():
+        for user_id, group in _by_user(facts).items():
             self.engine.arun(self.engine.fact_kv.capture(user_id, group, contexts))
 
     def _neighbours(self, memory_id: str, payload: dict[str, Any], vector: Any
@@ -172,7 +172,7 @@ class InferScaleVectorStore(VectorStoreBase):
         return tuple(p["data"] for p in sorted(near, key=lambda p: str(p.get("created_at"))))
 
     def _evict(self, facts: Iterable[Fact]) -> None:
-        for user_id, group in _by_tenant(facts).items():
+        for user_id, group in _by_user(facts).items():
             self.engine.arun(self.engine.fact_kv.evict(user_id, [f.id for f in group]))
 
     def _text(self, vector_id: Any) -> str | None:
@@ -186,7 +186,7 @@ class InferScaleVectorStore(VectorStoreBase):
                     for fact in facts_of(row.id, row.payload))
 
 
-def _by_tenant(facts: Iterable[Fact]) -> dict[str, list[Fact]]:
+def _by_user(facts: Iterable[Fact]) -> dict[str, list[Fact]]:
     groups: dict[str, list[Fact]] = defaultdict(list)
     for fact in facts:
         groups[fact.user_id].append(fact)

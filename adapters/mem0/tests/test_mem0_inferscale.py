@@ -183,8 +183,8 @@ def test_every_mem0_scope_is_answered_with_its_memories_injected(
     # A memory of three scopes keeps its KV under each of them; delete evicts every copy.
     every = ids[texts[2]]
     memory.delete(every)
-    for tenant in ("m0-user", "agent:m0-agent", "run:m0-run"):
-        assert kv_is_missing(engine, tenant, {every: texts[2]}) == [every]
+    for user in ("m0-user", "agent:m0-agent", "run:m0-run"):
+        assert kv_is_missing(engine, user, {every: texts[2]}) == [every]
 
 
 async def test_async_memory_is_answered_with_aanswer(engine: MemoryEngine,
