@@ -3,8 +3,8 @@
 One collection holds every user, one point per fact. The point id is a UUID5 of (user id,
 fact id); the payload holds the user id (a keyword field, indexed with Qdrant's
 ``is_tenant``), the fact id and a digest of the vector. This module imports qdrant-client,
-makes point ids, payloads and digests, and creates or checks the collection. It holds no lock: the index calls it
-under its own.
+makes point ids, payloads and digests, and creates or checks the collection. It holds no
+lock: the index calls it under its own.
 """
 
 from __future__ import annotations
