@@ -194,17 +194,17 @@ class MemoryEngine:
                                     response_format)
         if not isinstance(memory, bool):
             raise InvalidInputError("memory must be true or false")
+        if not memory and facts is not None:
+            raise InvalidInputError("facts= answers from memory: leave memory=True")
         if not memory:
-            if facts is not None:
-                raise InvalidInputError("facts= answers from memory: leave memory=True")
-            facts = []
+            found: list[ScoredFact] = []
         elif facts is None:
             query = next(m for m in reversed(conversation) if m["role"] == "user")
-            facts = await self._retrieve(query["content"], user_id, k)
+            found = await self._retrieve(query["content"], user_id, k)
         else:
-            facts = self._own_facts(facts, user_id)
+            found = self._own_facts(facts, user_id)
         retrieval_s = time.perf_counter() - start
-        ordered = prompt_order(facts, order)
+        ordered = prompt_order(found, order)
         layout = self.builder.build(conversation, [(f.fact.id, f.fact.text) for f in ordered],
                                     tooling.tools if tooling else None)
         self._check_length(layout, max_tokens)
