@@ -20,7 +20,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Sequence
 from typing import Any
 
 from inferscale_memory.config import MemoryConfig
-from inferscale_memory.connector.params import FactKey, RequestParams, Span
+from inferscale_memory.connector.params import RequestParams
 from inferscale_memory.errors import (
     ContextLengthError,
     EngineClosedError,
@@ -28,27 +28,13 @@ from inferscale_memory.errors import (
     UnknownUserError,
 )
 from inferscale_memory.fact_kv import FactKV
-from inferscale_memory.fields import FactCount, FactOrder, Mode, RecomputeTail, UnicodeText, check
-from inferscale_memory.layout import (
-    PromptBuilder,
-    PromptLayout,
-    prompt_contexts,
-    prompt_order,
-    tail_size,
-    validate_messages,
-)
+from inferscale_memory.layout import PromptBuilder, PromptLayout, prompt_order, tail_size
 from inferscale_memory.memory import EngineMemory
-from inferscale_memory.options import DEFAULT_MAX_LOGPROBS, check_options
+from inferscale_memory.options import check_chat, check_given_facts
 from inferscale_memory.results import ChatChunk, ChatMetrics, ChatResult, KVStats
-from inferscale_memory.runtime import Completion, Delta, VllmRuntime
+from inferscale_memory.runtime import Completion, VllmRuntime
 from inferscale_memory.store import Fact, MemoryStore, ScoredFact
-from inferscale_memory.tools import (
-    ToolRequest,
-    ToolStream,
-    check_tool_request,
-    refuse_without_template,
-    template_parser,
-)
+from inferscale_memory.tools import ToolStream, template_parser
 
 logger = logging.getLogger(__name__)
 
@@ -188,40 +174,39 @@ class MemoryEngine:
                             **options: Any) -> AsyncGenerator[ChatChunk, None]:
         """:meth:`astream_chat` on the engine loop. ``facts`` must belong to ``user_id``."""
         start = time.perf_counter()
-        conversation, k, max_tokens = self._check_request(messages, k, mode, options)
-        order, tail = self._check_quality(fact_order, recompute_tail)
-        tooling = self._check_tools(conversation, tools, tool_choice, parallel_tool_calls,
-                                    response_format)
-        if not isinstance(memory, bool):
-            raise InvalidInputError("memory must be true or false")
+        request = check_chat(self.config, messages, k=k, mode=mode, memory=memory,
+                             fact_order=fact_order, recompute_tail=recompute_tail,
+                             tool_parser=self.tool_parser, model_name=self.model_path.name,
+                             **options)
+        tooling = request.tooling
         if not memory and facts is not None:
             raise InvalidInputError("facts= answers from memory: leave memory=True")
         if not memory:
             found: list[ScoredFact] = []
         elif facts is None:
-            query = next(m for m in reversed(conversation) if m["role"] == "user")
-            found = await self._retrieve(query["content"], user_id, k)
+            query = next(m for m in reversed(request.conversation) if m["role"] == "user")
+            found = await self._retrieve(query["content"], user_id, request.k)
         else:
-            found = self._own_facts(facts, user_id)
+            found = check_given_facts(facts, user_id)
         retrieval_s = time.perf_counter() - start
-        ordered = prompt_order(found, order)
-        layout = self.builder.build(conversation, [(f.fact.id, f.fact.text) for f in ordered],
+        ordered = prompt_order(found, request.fact_order)
+        layout = self.builder.build(request.conversation,
+                                    [(f.fact.id, f.fact.text) for f in ordered],
                                     tooling.tools if tooling else None)
-        self._check_length(layout, max_tokens)
-        tail = tail_size(len(layout.fact_spans), tail, self.config.capture_context == 0)
+        self._check_length(layout, request.max_tokens)
+        tail = tail_size(len(layout.fact_spans), request.recompute_tail,
+                         self.config.capture_context == 0)
         # A tail of every fact leaves nothing worth injecting: the request is the text path's.
         every = tail > 0 and tail == len(layout.fact_spans)
-        params = self._inject_params(layout, user_id, tail) if mode == "kv" and not every \
-            else None
-        if tooling is not None:
-            options.update(structured_outputs=tooling.structured_outputs(),
-                           skip_special_tokens=not (tooling.calls_tools
-                                                    and tooling.choice == "auto"))
+        params = self.fact_kv.inject_params(layout, user_id, tail) \
+            if mode == "kv" and not every else None
         stream = ToolStream(tooling) if tooling is not None else None
-        deltas = self.runtime.stream(layout.token_ids, max_tokens=max_tokens, params=params,
-                                     user=user_id, **options)
-        if options.get("structured_outputs"):
-            deltas = _refusing_bad_schemas(deltas)
+        deltas = self.runtime.stream(layout.token_ids, max_tokens=request.max_tokens,
+                                     params=params, user=user_id, **request.sampling)
+        if request.sampling.get("structured_outputs"):  # compat imports torch: only then
+            from inferscale_memory.connector.compat import refusing_bad_schemas
+
+            deltas = refusing_bad_schemas(deltas)
         async for delta in deltas:
             text, calls = stream.feed(delta.text) if stream else (delta.text, [])
             if delta.completion is None:
@@ -291,31 +276,6 @@ class MemoryEngine:
 
     # -- helpers -------------------------------------------------------------------------
 
-    def _check_request(self, messages: Any, k: int | None, mode: str,
-                       options: dict[str, Any]) -> tuple[list[dict[str, Any]], int, int]:
-        conversation = validate_messages(messages)
-        if not conversation or conversation[-1]["role"] not in ("user", "tool") \
-                or not any(m["role"] == "user" for m in conversation):
-            raise InvalidInputError("the last message must be the user's (or tool results)")
-        k = check(FactCount, self.config.k if k is None else k, "k")
-        check(Mode, mode, "mode")
-        checked = check_options(
-            options, default_max_tokens=self.config.max_tokens,
-            max_logprobs=self.config.engine_args.get("max_logprobs", DEFAULT_MAX_LOGPROBS))
-        options.clear()
-        options.update(checked)
-        return conversation, k, options.pop("max_tokens")
-
-    def _check_tools(self, conversation: list[dict[str, Any]], tools: Any, tool_choice: Any,
-                     parallel_tool_calls: Any, response_format: Any) -> ToolRequest | None:
-        tooling = check_tool_request(tools, tool_choice, parallel_tool_calls, response_format,
-                                     self.tool_parser)
-        uses_tools = (tooling is not None and tooling.calls_tools) or any(
-            m["role"] == "tool" or m.get("tool_calls") for m in conversation)
-        if uses_tools and self.tool_parser is None:
-            raise refuse_without_template(self.model_path.name)
-        return tooling
-
     def _parse_tools(self, result: ChatResult, stream: ToolStream) -> ChatResult:
         """``result`` with the tool calls of its text (see :class:`ToolRequest.parse`)."""
         content, calls = stream.request.parse(result.text, self.tokenizer)
@@ -327,12 +287,6 @@ class MemoryEngine:
         return dataclasses.replace(result, text=content or "", tool_calls=calls,
                                    finish_reason=finish)
 
-    def _check_quality(self, fact_order: str | None, recompute_tail: int | None
-                       ) -> tuple[str, int]:
-        order = self.config.fact_order if fact_order is None else fact_order
-        tail = self.config.recompute_tail if recompute_tail is None else recompute_tail
-        return check(FactOrder, order, "fact_order"), check(RecomputeTail, tail, "recompute_tail")
-
     async def _retrieve(self, query: str, user_id: str | None, k: int) -> list[ScoredFact]:
         if user_id is None:
             return []
@@ -343,15 +297,6 @@ class MemoryEngine:
         except UnknownUserError:  # no facts yet: answered without memory, as with none left
             return []
 
-    @staticmethod
-    def _own_facts(facts: Sequence[Fact | ScoredFact], user_id: str | None) -> list[ScoredFact]:
-        scored = [f if isinstance(f, ScoredFact) else ScoredFact(f, 0.0) for f in facts]
-        if any(not isinstance(s.fact, Fact) or s.fact.user_id != user_id for s in scored):
-            raise InvalidInputError("facts must be Fact objects of the same user_id")
-        for s in scored:
-            check(UnicodeText, s.fact.text, "a fact's text")
-        return scored
-
     def _check_length(self, layout: PromptLayout, max_tokens: int) -> None:
         limit = self.runtime.max_model_len
         if len(layout.token_ids) + max_tokens > limit:
@@ -359,50 +304,12 @@ class MemoryEngine:
                 f"prompt of {len(layout.token_ids)} tokens + max_tokens {max_tokens} exceeds "
                 f"the context of {limit}; shorten the conversation or lower k/max_tokens")
 
-    def _inject_params(self, layout: PromptLayout, user_id: str | None,
-                       recompute_tail: int = 0) -> RequestParams | None:
-        """Name the header and every fact but the last ``recompute_tail`` for injection.
-
-        The connector injects a contiguous run of spans from position 0; vLLM computes
-        the rest of the prompt, so the unnamed tail facts attend to all facts before them.
-        Without facts the prompt is the plain conversation: nothing to inject.
-        """
-        if user_id is None or not layout.fact_spans:
-            return None
-        named = layout.fact_spans[:max(0, len(layout.fact_spans) - recompute_tail)]
-        spans = [Span(FactKey("", self.builder.header_name), 0, layout.header_end)]
-        spans += [Span(FactKey(user_id, fid), a, b) for fid, a, b in named]
-        return RequestParams(user_id, layout.layout_id, inject=tuple(spans))
-
     def _result(self, done: Completion, layout: PromptLayout, ordered: list[ScoredFact],
                 mode: str, params: RequestParams | None, start: float, retrieval_s: float
                 ) -> ChatResult:
-        report = done.report
-        injected = int(report.get("injected_tokens", 0))
-        prompt_tokens = len(layout.token_ids)
-        fact_ids = [fid for fid, _, _ in layout.fact_spans]
-        missing = {name for ns, name in report.get("missing", []) if ns}
-        named = [span.key.name for span in params.inject if span.key.ns] if params else []
-        metrics = ChatMetrics(
-            mode=mode,
-            ttft_ms=(retrieval_s + done.ttft_s) * 1000 if done.token_ids else 0.0,
-            latency_ms=(time.perf_counter() - start) * 1000,
-            retrieval_ms=retrieval_s * 1000,
-            prompt_tokens=prompt_tokens,
-            memory_tokens=layout.memory_tokens,
-            injected_tokens=injected,
-            cached_tokens=max(0, done.num_cached_tokens - injected),
-            computed_tokens=prompt_tokens - done.num_cached_tokens,
-            output_tokens=len(done.token_ids),
-            fact_ids=fact_ids,
-            recomputed_fact_ids=[fid for fid in fact_ids if fid in missing],
-            injected_fact_ids=[fid for fid in named if fid not in missing],
-            memory_used=bool(fact_ids),
-        )
-        if named:  # facts named for injection: hits, or misses that vLLM computed
-            recomputed = len(metrics.recomputed_fact_ids)
-            self.kv_stats.record_answer(len(named) - recomputed, recomputed)
-            self.kv_stats.record_report(report)  # promotions and the room made for them
+        metrics = ChatMetrics.of(done, layout, params, mode, start, retrieval_s)
+        if params is not None and any(span.key.ns for span in params.inject):
+            self.kv_stats.record_chat(metrics, done.report)  # facts named: hits or misses
         return ChatResult(done.text, metrics, ordered, layout.token_ids, done.token_ids,
                           done.finish_reason, done.logprobs)
 
@@ -410,39 +317,7 @@ class MemoryEngine:
                    missing: list[str]) -> None:
         if user_id is None or not missing:
             return
-        task = asyncio.ensure_future(self._arecapture(user_id, [f.fact for f in facts],
-                                                      set(missing)))
+        task = asyncio.ensure_future(self.memory.recapture(user_id, [f.fact for f in facts],
+                                                           set(missing)))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
-
-    async def _arecapture(self, user_id: str, prompt: list[Fact], missing: set[str]) -> None:
-        """Capture the facts of a prompt whose KV was missing. Their capture context is
-        read from the engine's store when it holds the user, as at ``add``; facts handed
-        in from another store (e.g. Mem0's) take the facts before them in this prompt."""
-        wanted = [fact for fact in prompt if fact.id in missing]
-        if await asyncio.get_running_loop().run_in_executor(None, self.store.has_user,
-                                                            user_id):
-            await self.memory.capture(user_id, wanted)
-        else:
-            await self.fact_kv.capture(user_id, wanted,
-                                       prompt_contexts(prompt, wanted, self.config.capture_context))
-
-
-async def _refusing_bad_schemas(deltas: AsyncIterator[Delta]) -> AsyncIterator[Delta]:
-    """``deltas``, with vLLM's refusal of a schema its guided decoding cannot compile (a
-    ``VLLMValidationError``, a ``ValueError`` in vLLM 0.26 but not in 0.32) raised as
-    :class:`InvalidInputError`: the client's mistake, and vLLM goes on serving."""
-    from inferscale_memory.connector.compat import request_validation_errors
-
-    started = False
-    try:
-        async for delta in deltas:
-            started = True
-            yield delta
-    except request_validation_errors() as exc:
-        if started:
-            raise
-        raise InvalidInputError(f"the JSON schema (tools or response_format) cannot be used "
-                                f"for guided decoding: {exc}") from exc
-    finally:
-        await deltas.aclose()  # type: ignore[attr-defined]

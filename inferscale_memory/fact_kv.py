@@ -17,7 +17,7 @@ from inferscale_memory.connector.params import MAX_SPANS, FactKey, RequestParams
 from inferscale_memory.store import Fact
 
 if TYPE_CHECKING:
-    from inferscale_memory.layout import PromptBuilder
+    from inferscale_memory.layout import PromptBuilder, PromptLayout
     from inferscale_memory.results import KVStats
     from inferscale_memory.runtime import VllmRuntime
 
@@ -46,6 +46,21 @@ class FactKV:
         await asyncio.gather(*(self._capture_one(
             user_id, fact, self._fit(contexts.get(fact.id, ()), fact.text, budget))
             for fact in facts))
+
+    def inject_params(self, layout: PromptLayout, user_id: str | None,
+                      recompute_tail: int = 0) -> RequestParams | None:
+        """Name the header and every fact but the last ``recompute_tail`` for injection.
+
+        The connector injects a contiguous run of spans from position 0; vLLM computes
+        the rest of the prompt, so the unnamed tail facts attend to all facts before them.
+        Without facts the prompt is the plain conversation: nothing to inject.
+        """
+        if user_id is None or not layout.fact_spans:
+            return None
+        named = layout.fact_spans[:max(0, len(layout.fact_spans) - recompute_tail)]
+        spans = [Span(FactKey("", self.builder.header_name), 0, layout.header_end)]
+        spans += [Span(FactKey(user_id, fid), a, b) for fid, a, b in named]
+        return RequestParams(user_id, layout.layout_id, inject=tuple(spans))
 
     async def capture_header(self) -> None:
         """Capture the shared prompt header on its own.

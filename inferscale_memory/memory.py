@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, overload
 
 from inferscale_memory.errors import InvalidInputError
+from inferscale_memory.layout import prompt_contexts
 from inferscale_memory.store import Fact, MemoryStore, ScoredFact
 
 if TYPE_CHECKING:
@@ -148,6 +149,17 @@ class EngineMemory:
         """Have the engine compute and keep the KV of ``facts`` of ``user_id``, each after
         its capture context read from the store (:meth:`contexts`)."""
         await self.fact_kv.capture(user_id, facts, await self.contexts(user_id, facts))
+
+    async def recapture(self, user_id: str, prompt: Sequence[Fact], missing: set[str]) -> None:
+        """Capture the facts of a prompt whose KV was missing. Their capture context is
+        read from the store when it holds the user, as at ``add``; facts handed in from
+        another store (e.g. Mem0's) take the facts before them in this prompt."""
+        wanted = [fact for fact in prompt if fact.id in missing]
+        if await self._in_thread(self.store.has_user, user_id):
+            await self.capture(user_id, wanted)
+        else:
+            await self.fact_kv.capture(user_id, wanted,
+                                       prompt_contexts(prompt, wanted, self.config.capture_context))
 
     async def _capture_stored(self, user_id: str, facts: Sequence[Fact]) -> None:
         """Capture facts the store has committed. A failure is logged, not raised: the

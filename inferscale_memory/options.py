@@ -1,4 +1,5 @@
-"""Checks of the per-request generation options of :meth:`MemoryEngine.chat`.
+"""Checks of one :meth:`MemoryEngine.chat` call: its conversation, memory and generation
+options (:func:`check_chat`), and facts handed in (:func:`check_given_facts`).
 
 Every option is checked here, before vLLM sees it: vLLM's engine core decodes requests
 in a thread of its own, and a value of the wrong type there (``seed="x"``,
@@ -9,22 +10,36 @@ request schema uses too.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from inferscale_memory.errors import InvalidInputError
 from inferscale_memory.fields import (
+    FactCount,
+    FactOrder,
     Logprobs,
     MaxTokens,
+    Mode,
     Penalty,
+    RecomputeTail,
     Seed,
     Stop,
     Temperature,
     TopK,
     TopP,
+    UnicodeText,
+    check,
     describe,
 )
+from inferscale_memory.layout import validate_messages
+from inferscale_memory.store import Fact, ScoredFact
+from inferscale_memory.tools import ToolRequest, check_tool_request, refuse_without_template
+
+if TYPE_CHECKING:
+    from inferscale_memory.config import MemoryConfig
 
 DEFAULT_MAX_LOGPROBS = 20  # vLLM's default max_logprobs
 
@@ -83,3 +98,77 @@ def check_options(options: dict[str, Any], *, default_max_tokens: int,
     if isinstance(given.get("stop"), str):
         given["stop"] = [given["stop"]]
     return {"max_tokens": default_max_tokens, "temperature": 0.0, **given}
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    """One chat call, checked: its conversation and what shapes its answer."""
+
+    conversation: list[dict[str, Any]]
+    k: int
+    max_tokens: int
+    fact_order: str
+    recompute_tail: int
+    tooling: ToolRequest | None
+    sampling: dict[str, Any]  # vLLM's sampling options (not max_tokens), defaults filled in
+
+
+def check_chat(config: MemoryConfig, messages: Any, *, k: int | None, mode: str,
+               memory: Any, fact_order: str | None, recompute_tail: int | None,
+               tool_parser: str | None, model_name: str, tools: Any = None,
+               tool_choice: Any = None, parallel_tool_calls: Any = None,
+               response_format: Any = None, **options: Any) -> ChatRequest:
+    """Check one chat call against the engine's ``config`` (``None``: the config's value).
+
+    Raises:
+        InvalidInputError: A malformed conversation (the last message must be the user's,
+            or tool results), a bad ``k``, ``mode``, ``memory``, quality option or
+            generation option, or tools for a model whose chat template has none
+            (``tool_parser`` is ``None``).
+    """
+    conversation = validate_messages(messages)
+    if not conversation or conversation[-1]["role"] not in ("user", "tool") \
+            or not any(m["role"] == "user" for m in conversation):
+        raise InvalidInputError("the last message must be the user's (or tool results)")
+    check(Mode, mode, "mode")
+    if not isinstance(memory, bool):
+        raise InvalidInputError("memory must be true or false")
+    sampling = check_options(
+        options, default_max_tokens=config.max_tokens,
+        max_logprobs=config.engine_args.get("max_logprobs", DEFAULT_MAX_LOGPROBS))
+    tooling = check_tool_request(tools, tool_choice, parallel_tool_calls, response_format,
+                                 tool_parser)
+    uses_tools = (tooling is not None and tooling.calls_tools) or any(
+        m["role"] == "tool" or m.get("tool_calls") for m in conversation)
+    if uses_tools and tool_parser is None:
+        raise refuse_without_template(model_name)
+    if tooling is not None:
+        sampling.update(structured_outputs=tooling.structured_outputs(),
+                        skip_special_tokens=not (tooling.calls_tools
+                                                 and tooling.choice == "auto"))
+    return ChatRequest(
+        conversation=conversation,
+        k=check(FactCount, config.k if k is None else k, "k"),
+        max_tokens=sampling.pop("max_tokens"),
+        fact_order=check(FactOrder, config.fact_order if fact_order is None else fact_order,
+                         "fact_order"),
+        recompute_tail=check(RecomputeTail, config.recompute_tail if recompute_tail is None
+                             else recompute_tail, "recompute_tail"),
+        tooling=tooling,
+        sampling=sampling,
+    )
+
+
+def check_given_facts(facts: Sequence[Fact | ScoredFact],
+                      user_id: str | None) -> list[ScoredFact]:
+    """Facts handed to an answer (``facts=``) as scored facts; they must be ``user_id``'s.
+
+    Raises:
+        InvalidInputError: Not :class:`Fact` objects of ``user_id``, or a bad text.
+    """
+    scored = [f if isinstance(f, ScoredFact) else ScoredFact(f, 0.0) for f in facts]
+    if any(not isinstance(s.fact, Fact) or s.fact.user_id != user_id for s in scored):
+        raise InvalidInputError("facts must be Fact objects of the same user_id")
+    for s in scored:
+        check(UnicodeText, s.fact.text, "a fact's text")
+    return scored

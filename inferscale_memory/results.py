@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from inferscale_memory.store import ScoredFact
 from inferscale_memory.tools import ToolCall, ToolCallDelta
+
+if TYPE_CHECKING:
+    from inferscale_memory.connector.params import RequestParams
+    from inferscale_memory.layout import PromptLayout
+    from inferscale_memory.runtime import Completion
 
 
 @dataclass(frozen=True)
@@ -50,6 +56,33 @@ class ChatMetrics:
     recomputed_fact_ids: list[str] = field(default_factory=list)
     injected_fact_ids: list[str] = field(default_factory=list)
     memory_used: bool = False
+
+    @classmethod
+    def of(cls, done: Completion, layout: PromptLayout, params: RequestParams | None,
+           mode: str, start: float, retrieval_s: float) -> ChatMetrics:
+        """The metrics of a finished answer to ``layout``, sent with ``params``, that was
+        asked at ``perf_counter()`` time ``start`` and spent ``retrieval_s`` retrieving."""
+        injected = int(done.report.get("injected_tokens", 0))
+        prompt_tokens = len(layout.token_ids)
+        fact_ids = [fid for fid, _, _ in layout.fact_spans]
+        missing = {name for ns, name in done.report.get("missing", []) if ns}
+        named = [span.key.name for span in params.inject if span.key.ns] if params else []
+        return cls(
+            mode=mode,
+            ttft_ms=(retrieval_s + done.ttft_s) * 1000 if done.token_ids else 0.0,
+            latency_ms=(time.perf_counter() - start) * 1000,
+            retrieval_ms=retrieval_s * 1000,
+            prompt_tokens=prompt_tokens,
+            memory_tokens=layout.memory_tokens,
+            injected_tokens=injected,
+            cached_tokens=max(0, done.num_cached_tokens - injected),
+            computed_tokens=prompt_tokens - done.num_cached_tokens,
+            output_tokens=len(done.token_ids),
+            fact_ids=fact_ids,
+            recomputed_fact_ids=[fid for fid in fact_ids if fid in missing],
+            injected_fact_ids=[fid for fid in named if fid not in missing],
+            memory_used=bool(fact_ids),
+        )
 
 
 @dataclass(frozen=True)
@@ -126,6 +159,10 @@ class KVStats:
             self.host_tokens = int(report["host_tokens"])
             self.host_budget_tokens = report.get("host_budget_tokens")
 
-    def record_answer(self, injected: int, recomputed: int) -> None:
-        self.injected += injected
-        self.recomputed += recomputed
+    def record_chat(self, metrics: ChatMetrics, report: dict[str, Any]) -> None:
+        """Count an answer that named facts for injection: its hits, its misses (computed
+        by vLLM), and what its connector report says it did to the pool (promotions and
+        the room made for them)."""
+        self.injected += len(metrics.injected_fact_ids)
+        self.recomputed += len(metrics.recomputed_fact_ids)
+        self.record_report(report)

@@ -8,7 +8,7 @@ import math
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from inferscale_memory.errors import InvalidInputError
@@ -98,7 +98,8 @@ def test_bad_options_are_refused(options: dict[str, Any]) -> None:
         check(**options)
 
 
-@settings(max_examples=300, derandomize=True, database=None)
+@settings(max_examples=300, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow])  # a loaded machine is no bug
 @given(
     st.dictionaries(
         st.sampled_from(["max_tokens", "temperature", "stop", "seed", "logprobs", "ignore_eos",
@@ -142,3 +143,56 @@ def test_accepted_options_have_the_types_vllm_decodes(options: dict[str, Any]) -
 def test_bad_messages_are_refused(messages: Any) -> None:
     with pytest.raises(InvalidInputError):
         validate_messages(messages)
+
+
+# -- a whole chat call (check_chat), against an engine's config, still without an engine --
+
+QUESTION = [{"role": "user", "content": "What does Omar grow?"}]
+WEATHER = {"type": "function", "function": {"name": "weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}}}}
+
+
+def chat(config: Any = None, parser: str | None = "hermes", **kwargs: Any) -> Any:
+    from inferscale_memory.config import MemoryConfig
+    from inferscale_memory.options import check_chat
+
+    config = config or MemoryConfig.load(k=7, max_tokens=12, fact_order="time",
+                                         recompute_tail=3)
+    call = {"k": None, "mode": "kv", "memory": True, "fact_order": None,
+            "recompute_tail": None, **kwargs}
+    return check_chat(config, QUESTION if "messages" not in kwargs else call.pop("messages"),
+                      tool_parser=parser, model_name="tiny", **call)
+
+
+def test_a_chat_call_takes_the_configs_values_for_what_it_leaves_out() -> None:
+    request = chat()
+    assert (request.k, request.max_tokens, request.fact_order, request.recompute_tail) == (
+        7, 12, "time", 3)
+    assert request.conversation == QUESTION and request.tooling is None
+    assert request.sampling == {"temperature": 0.0}  # max_tokens is taken out
+    given = chat(k=2, fact_order="rank", recompute_tail=0, max_tokens=5, seed=3)
+    assert (given.k, given.max_tokens, given.fact_order, given.recompute_tail) == (
+        2, 5, "rank", 0)
+    assert given.sampling == {"temperature": 0.0, "seed": 3}
+
+
+@pytest.mark.parametrize("bad", [
+    {"k": 0}, {"k": "3"}, {"mode": "fast"}, {"memory": "off"}, {"memory": 1},
+    {"fact_order": "alphabetical"}, {"recompute_tail": -1}, {"temperature": "hot"},
+    {"messages": [{"role": "assistant", "content": "Hi"}]},  # the last one must be the user's
+    {"messages": []}, {"tools": [{"type": "function"}]},
+])
+def test_a_bad_chat_call_is_refused(bad: dict[str, Any]) -> None:
+    with pytest.raises(InvalidInputError):
+        chat(**bad)
+
+
+def test_tools_need_a_chat_template_with_tools_and_constrain_decoding() -> None:
+    with pytest.raises(InvalidInputError, match="tiny"):
+        chat(parser=None, tools=[WEATHER])
+    request = chat(tools=[WEATHER], tool_choice="required")
+    assert request.tooling is not None and request.tooling.calls_tools
+    assert request.sampling["structured_outputs"] is not None  # decoding follows the tools
+    assert request.sampling["skip_special_tokens"] is True
+    auto = chat(tools=[WEATHER])  # "auto": the model's own call markup is kept, unparsed
+    assert auto.sampling["skip_special_tokens"] is False

@@ -7,8 +7,9 @@ from types import SimpleNamespace
 import pytest
 
 from inferscale_memory import InvalidInputError
-from inferscale_memory.engine import MemoryEngine
+from inferscale_memory.fact_kv import FactKV
 from inferscale_memory.layout import PromptLayout, prompt_contexts, prompt_order, tail_size
+from inferscale_memory.results import KVStats
 from inferscale_memory.store import Fact, ScoredFact
 
 
@@ -36,8 +37,9 @@ def test_time_order_is_the_order_of_the_adds() -> None:
 def inject_spans(tail: int) -> list[tuple[str, int, int]]:
     layout = PromptLayout(list(range(40)), 5, [("f1", 5, 10), ("f2", 10, 18), ("f3", 18, 30)],
                           "L")
-    stub = SimpleNamespace(builder=SimpleNamespace(header_name="header:L"))
-    params = MemoryEngine._inject_params(stub, layout, "u", tail)  # type: ignore[arg-type]
+    builder = SimpleNamespace(header_name="header:L")  # all inject_params reads of it
+    fact_kv = FactKV(None, builder, KVStats())  # type: ignore[arg-type]
+    params = fact_kv.inject_params(layout, "u", tail)
     assert params is not None
     return [(s.key.name, s.start, s.end) for s in params.inject]
 
