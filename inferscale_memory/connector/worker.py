@@ -254,12 +254,12 @@ class WorkerSide:
         spans = [(op.req_id, span) for op in plan.captures for span in op.spans]
         if capture is None or not spans:
             return
-        if any(kv is None for kv in capture.kv):
+        for _, span in spans:  # the old KV of a recaptured fact: its rows are free already
+            self._drop(span.key)  # in the scheduler side's count, and it is not the new text's
+        if any(kv is None for kv in capture.kv):  # a load of these facts fails: recomputed
             logger.warning("capture of %d spans incomplete; not stored", len(spans))
             return
         assert self._slab is not None
-        for _, span in spans:  # the old KV of a recaptured fact: its rows are free already
-            self._drop(span.key)  # in the scheduler side's count
         allocated = [self._allocate(span.end - span.start) for _, span in spans]
         kv = torch.stack(capture.kv, dim=1)  # [2, layers, n, heads, head_dim]
         kept = [i for i, rows in enumerate(allocated) if rows is not None]

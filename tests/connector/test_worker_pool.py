@@ -62,6 +62,20 @@ def test_a_key_captured_twice_in_one_step_keeps_one_copy() -> None:
     assert side._slab.free_rows == 30 - 5  # the first copy's rows were given back
 
 
+def test_an_incomplete_capture_step_keeps_no_old_copy_of_its_facts() -> None:
+    # A step whose capture missed a layer stores nothing. The scheduler side has already
+    # counted a recaptured fact's old rows as free and now expects the new text's KV, so
+    # the old copy must go too: a later load then fails (vLLM recomputes the fact) instead
+    # of injecting the old text's KV under the new text's tokens.
+    side = worker(30)
+    capture(side, A, 10, 1.0)
+    capture(side, B, 5, 4.0)
+    side._capture = _Capture(torch.arange(10), [torch.full((2, 10, HEADS, DIM), 2.0), None])
+    side.finish_save(StepPlan(captures=[CaptureOp("r", [0], [Span(A, 0, 10)])]))
+    assert A not in side.pool and B in side.pool
+    assert side._slab is not None and side._slab.free_rows == 30 - 5
+
+
 C, D = FactKey("alice", "c"), FactKey("alice", "d")
 
 
