@@ -13,8 +13,7 @@ span is recomputed, never loaded.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from inferscale_memory.connector.params import (
     PARAMS_KEY,
@@ -27,86 +26,17 @@ from inferscale_memory.connector.params import (
     parse_params,
     token_digest,
 )
-from inferscale_memory.connector.plan import (
-    DEMOTE,
-    EVICT,
-    PROMOTE,
-    CaptureOp,
-    LoadOp,
-    StepPlan,
-    blocks_of,
-)
+from inferscale_memory.connector.plan import CaptureOp, LoadOp, StepPlan, blocks_of
 from inferscale_memory.connector.registry import FactRegistry, Move, Registered
+from inferscale_memory.connector.tracking import (
+    CaptureTrack,
+    InjectionPlan,
+    Report,
+    RequestLike,
+    Tracked,
+)
 
 logger = logging.getLogger(__name__)
-
-
-class RequestLike(Protocol):
-    """The fields of vLLM's ``Request`` that the scheduler side reads."""
-
-    request_id: str
-    prompt_token_ids: list[int] | None
-    kv_transfer_params: dict[str, Any] | None
-    cache_salt: str | None
-
-
-@dataclass(frozen=True)
-class InjectionPlan:
-    """The outcome of matching a request's inject spans against the registry."""
-
-    usable: tuple[Span, ...]  # spans whose KV can be loaded, contiguous from position 0
-    missing: tuple[Span, ...]  # named spans that will be recomputed instead
-    claim_end: int  # first position that vLLM computes itself
-
-    def claim(self, num_computed: int) -> int:
-        return max(0, self.claim_end - num_computed)
-
-
-@dataclass
-class _Moves:
-    """Pool moves made on behalf of one request (for its report)."""
-
-    evicted: list[FactKey] = field(default_factory=list)  # dropped to make room
-    demoted: list[FactKey] = field(default_factory=list)  # moved to the host tier
-    promoted: list[FactKey] = field(default_factory=list)  # back from the host tier
-
-    def add(self, moves: tuple[Move, ...]) -> None:
-        lists = {EVICT: self.evicted, DEMOTE: self.demoted, PROMOTE: self.promoted}
-        for move, key in moves:
-            lists[move].append(key)
-
-    def body(self) -> dict[str, list[list[str]]]:
-        return {name: [[key.ns, key.name] for key in keys]
-                for name, keys in (("evicted", self.evicted), ("demoted", self.demoted),
-                                   ("promoted", self.promoted)) if keys}
-
-
-@dataclass
-class _CaptureTrack:
-    spans: list[Span]
-    block_ids: list[int]
-    emitted: list[Span] = field(default_factory=list)
-
-
-@dataclass
-class _Report:
-    injected_tokens: int = 0
-    missing: list[list[str]] = field(default_factory=list)
-    error: str | None = None
-
-
-@dataclass
-class _Tracked:
-    """What the scheduler side follows of one request, from its first match to its end."""
-
-    params: RequestParams | None  # None: served as a plain prompt
-    error: str | None = None  # why its params were refused or cut, for its report
-    plan: InjectionPlan | None = None  # matched, not yet allocated
-    report: _Report | None = None  # from its first scheduling on
-    capture: _CaptureTrack | None = None
-    # (key, tokens, cache blocks) of every piece of KV sent to the workers for it.
-    loaded: list[tuple[FactKey, int, frozenset[int]]] = field(default_factory=list)
-    moves: _Moves = field(default_factory=_Moves)  # made on its behalf
 
 
 class SchedulerSide:
@@ -128,7 +58,7 @@ class SchedulerSide:
         self.facts = FactRegistry(budget_tokens, host_budget_tokens)
         self.block_size = block_size
         self.load_failures = 0
-        self._requests: dict[str, _Tracked] = {}  # by request id, until it finishes
+        self._requests: dict[str, Tracked] = {}  # by request id, until it finishes
         # The request whose capture of a key the workers' pool holds last (see
         # _register_captures).
         self._capturer: dict[FactKey, str] = {}
@@ -150,7 +80,7 @@ class SchedulerSide:
         tracked = self._track(request)
         params = tracked.params
         if tracked.report is None:
-            tracked.report = _Report(error=tracked.error)
+            tracked.report = Report(error=tracked.error)
         if params is None:
             return
         if params.inject:
@@ -225,7 +155,7 @@ class SchedulerSide:
     # -- helpers -----------------------------------------------------------------------
 
     def _register_captures(self, request: RequestLike,
-                           track: _CaptureTrack | None) -> list[list[str]]:
+                           track: CaptureTrack | None) -> list[list[str]]:
         """Register the latest capture of each key the request stored, unless a later
         request captured the key again or it was deleted since; returns their names."""
         if track is None:
@@ -242,7 +172,7 @@ class SchedulerSide:
             captured.append([key.ns, key.name])
         return captured
 
-    def _report_body(self, tracked: _Tracked, captured: list[list[str]]) -> dict[str, Any]:
+    def _report_body(self, tracked: Tracked, captured: list[list[str]]) -> dict[str, Any]:
         report, moves, facts = tracked.report, tracked.moves.body(), self.facts
         body: dict[str, Any] = {"captured": captured, **moves}
         if (captured or moves) and facts.budget_tokens is not None:
@@ -256,7 +186,7 @@ class SchedulerSide:
                 body["error"] = report.error
         return body
 
-    def _record_injection(self, request: RequestLike, tracked: _Tracked,
+    def _record_injection(self, request: RequestLike, tracked: Tracked,
                           params: RequestParams, block_ids: list[int],
                           num_external: int) -> None:
         """Plan the load of the KV vLLM let the request claim: pin it for this step,
@@ -298,14 +228,14 @@ class SchedulerSide:
         plan.moves.extend(moves)
         self._requests[req_id].moves.add(moves)
 
-    def _track(self, request: RequestLike) -> _Tracked:
+    def _track(self, request: RequestLike) -> Tracked:
         """The request's tracking, its params parsed on first sight."""
         tracked = self._requests.get(request.request_id)
         if tracked is None:
-            tracked = self._requests[request.request_id] = _Tracked(*self._parse(request))
+            tracked = self._requests[request.request_id] = Tracked(*self._parse(request))
         return tracked
 
-    def _capture_of(self, req_id: str) -> _CaptureTrack | None:
+    def _capture_of(self, req_id: str) -> CaptureTrack | None:
         tracked = self._requests.get(req_id)
         return tracked.capture if tracked is not None else None
 
@@ -354,21 +284,21 @@ class SchedulerSide:
                 pieces.append((span.key, start - span.start, end - start, start))
         return LoadOp(req_id, list(block_ids), pieces)
 
-    def _track_capture(self, request: RequestLike, tracked: _Tracked, params: RequestParams,
+    def _track_capture(self, request: RequestLike, tracked: Tracked, params: RequestParams,
                        block_ids: list[int]) -> None:
         if tracked.capture is not None:  # rescheduled after a preemption: new blocks
             tracked.capture.block_ids = list(block_ids)
             return
         prompt = request.prompt_token_ids or []
         wanted = [span for span in params.capture if not self._is_registered(span, prompt)]
-        tracked.capture = _CaptureTrack(wanted, list(block_ids))
+        tracked.capture = CaptureTrack(wanted, list(block_ids))
 
     def _is_registered(self, span: Span, prompt: list[int]) -> bool:
         entry = self.facts.get(span.key)
         tokens = prompt[span.start:span.end]
         return entry is not None and entry.digest == token_digest(tokens)
 
-    def _emit_captures(self, req_id: str, track: _CaptureTrack, computed_end: int,
+    def _emit_captures(self, req_id: str, track: CaptureTrack, computed_end: int,
                        plan: StepPlan) -> None:
         ready = [s for s in track.spans if s.end <= computed_end]
         if not ready:
