@@ -168,11 +168,10 @@ class MemoryEngine:
                             user_id: str | None = None, k: int | None = None,
                             mode: str = "kv", facts: Sequence[Fact | ScoredFact] | None = None,
                             fact_order: str | None = None, recompute_tail: int | None = None,
-                            memory: bool = True, tools: Any = None,
-                            tool_choice: Any = None, parallel_tool_calls: Any = None,
-                            response_format: Any = None,
+                            memory: bool = True,
                             **options: Any) -> AsyncGenerator[ChatChunk, None]:
-        """:meth:`astream_chat` on the engine loop. ``facts`` must belong to ``user_id``."""
+        """:meth:`astream_chat` on the engine loop. ``facts`` must belong to ``user_id``;
+        ``options`` are :func:`~inferscale_memory.options.check_chat`'s (tools included)."""
         start = time.perf_counter()
         request = check_chat(self.config, messages, k=k, mode=mode, memory=memory,
                              fact_order=fact_order, recompute_tail=recompute_tail,
