@@ -307,8 +307,7 @@ class MemoryEngine:
                 mode: str, params: RequestParams | None, start: float, retrieval_s: float
                 ) -> ChatResult:
         metrics = ChatMetrics.of(done, layout, params, mode, start, retrieval_s)
-        if params is not None and any(span.key.ns for span in params.inject):
-            self.kv_stats.record_chat(metrics, done.report)  # facts named: hits or misses
+        self.kv_stats.record_chat(metrics, done.report)
         return ChatResult(done.text, metrics, ordered, layout.token_ids, done.token_ids,
                           done.finish_reason, done.logprobs)
 

@@ -162,7 +162,9 @@ class KVStats:
     def record_chat(self, metrics: ChatMetrics, report: dict[str, Any]) -> None:
         """Count an answer that named facts for injection: its hits, its misses (computed
         by vLLM), and what its connector report says it did to the pool (promotions and
-        the room made for them)."""
+        the room made for them). An answer that named none counts nothing."""
+        if not metrics.injected_fact_ids and not metrics.recomputed_fact_ids:
+            return  # every named fact is one or the other
         self.injected += len(metrics.injected_fact_ids)
         self.recomputed += len(metrics.recomputed_fact_ids)
         self.record_report(report)

@@ -73,8 +73,8 @@ class QdrantIndex(VectorIndex):
             means ``":memory:"``. A folder can be open in one process at a time.
         url: A Qdrant server, e.g. ``"http://qdrant:6333"`` (instead of ``path``).
         api_key: The server's API key.
-        collection: Collection name; created on first use (cosine distance, a user
-            index on the user id, per-user HNSW graphs).
+        collection: Collection name; created on first use (cosine distance, an
+            ``is_tenant`` index on the user id, per-user HNSW graphs).
         dim: Vector dimension; ``None`` takes it from the collection or the first upsert.
 
     Raises:
