@@ -26,7 +26,6 @@ from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDic
 from inferscale_memory.errors import ConfigError
 from inferscale_memory.fields import (
     CaptureContext,
-    ContextSource,
     FactCount,
     FactOrder,
     IndexBackend,
@@ -38,7 +37,7 @@ from inferscale_memory.fields import (
 
 ENV_PREFIX = "INFERSCALE_"
 # The fields of the answer-quality policy (docs/quality.md).
-QUALITY_FIELDS = ("fact_order", "recompute_tail", "capture_context", "capture_context_from")
+QUALITY_FIELDS = ("fact_order", "recompute_tail", "capture_context")
 
 
 def _default_cache_dir() -> Path:
@@ -129,13 +128,12 @@ class MemoryConfig(BaseSettings):
             computes from their text instead of having their KV injected: those facts
             attend to every fact before them, at the cost of prefilling their tokens.
             ``0`` injects every fact. Per call: ``chat(..., recompute_tail=...)``.
-        capture_context: How many of the user's earlier facts (in the order they were
-            added) precede a fact in the prompt that captures its KV; only the fact's own
-            KV is kept, but it has attended to them. ``0`` captures each fact right after
-            the header. Costs capture tokens only, nothing at answer time.
-        capture_context_from: Which earlier facts form that context: ``"recent"`` (the
-            ones added just before the fact) or ``"similar"`` (the user's facts most
-            similar to it, as a retrieval would put them beside it, in the order added).
+        capture_context: How many of the user's other facts precede a fact in the prompt
+            that captures its KV: the ones most similar to it (as a retrieval would put
+            them beside it), in the order they were added. Only the fact's own KV is
+            kept, but it has attended to them. ``0`` captures each fact right after the
+            header. Costs capture tokens (and one vector search per captured fact),
+            nothing at answer time.
     """
 
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", frozen=True)
@@ -171,7 +169,6 @@ class MemoryConfig(BaseSettings):
     fact_order: FactOrder = "rank"
     recompute_tail: Annotated[RecomputeTail, _NUMBER] = 4
     capture_context: Annotated[CaptureContext, _NUMBER] = 4
-    capture_context_from: ContextSource = "similar"
 
     def __init__(self, **values: Any) -> None:
         """Validate ``values`` over ``INFERSCALE_*`` env vars and the defaults.

@@ -22,12 +22,10 @@ from inferscale_memory.errors import InvalidInputError
 # -- memory: how an answer uses the user's facts ---------------------------------------------
 
 FactOrder = Literal["rank", "time"]  # best-ranked fact last, or oldest first
-ContextSource = Literal["recent", "similar"]  # which earlier facts a capture attends to
 IndexBackend = Literal["exact", "qdrant", "hnsw"]
 StoreKind = Literal["sqlite", "postgres"]
 Mode = Literal["kv", "text"]  # inject the facts' KV, or prefill the same tokens as text
 FACT_ORDERS: tuple[str, ...] = get_args(FactOrder)
-CONTEXT_SOURCES: tuple[str, ...] = get_args(ContextSource)
 INDEX_BACKENDS: tuple[str, ...] = get_args(IndexBackend)
 STORES: tuple[str, ...] = get_args(StoreKind)
 MODES: tuple[str, ...] = get_args(Mode)

@@ -30,8 +30,7 @@ class EngineMemory:
     """Mem0-style fact operations whose KV lives in the engine.
 
     ``config`` is the engine's (:attr:`MemoryEngine.config` keeps it current): its
-    ``capture_context``, ``capture_context_from`` and ``max_fact_tokens`` are read at
-    each call.
+    ``capture_context`` and ``max_fact_tokens`` are read at each call.
     """
 
     def __init__(self, store: MemoryStore, fact_kv: FactKV, config: MemoryConfig) -> None:
@@ -175,22 +174,16 @@ class EngineMemory:
     async def contexts(self, user_id: str, facts: Sequence[Fact]
                        ) -> dict[str, tuple[str, ...]]:
         """Per fact id, the texts of the facts that precede it in its capture prompt:
-        ``config.capture_context`` of the user's other facts (``capture_context_from``:
-        the most similar, or the ones added just before it), in the order they were
-        added; ``{}`` when context capture is off."""
+        ``config.capture_context`` of the user's other facts most similar to it, in the
+        order they were added; ``{}`` when context capture is off."""
         count = self.config.capture_context
         if count == 0 or not facts:
             return {}
         timeline = await self._in_thread(self.store.list, user_id=user_id)
         position = {fact.id: i for i, fact in enumerate(timeline)}
-        similar = self.config.capture_context_from == "similar"
         contexts = {}
         for fact in facts:
-            if similar:
-                before = await self._in_thread(self._similar, user_id, fact, count, position)
-            else:
-                end = position.get(fact.id, 0)
-                before = [f.text for f in timeline[max(0, end - count):end]]
+            before = await self._in_thread(self._similar, user_id, fact, count, position)
             contexts[fact.id] = tuple(before)
         return contexts
 

@@ -15,7 +15,7 @@
 # MODELS_DIR (default /tmp: MODELS_DIR/model-0.5b, ...) move the folders named above, and
 # REPO_COPY (default /tmp/repo) the copy of the checkout that the job runs in.
 #
-# SETTINGS05 overrides the 0.5B settings (NAME=order,tail,context[,from]) and K05 its k;
+# SETTINGS05 overrides the 0.5B settings (NAME=order,tail,context) and K05 its k;
 # the 1.5B model runs (at K15) the baseline and the two settings with the smallest
 # worst-k loss on the 0.5B among those whose KV TTFT is at most 0.6x the text path's at
 # every k >= 10, or SETTINGS15. SEQUENTIAL: questions per conversation in the TTFT sample;
@@ -26,7 +26,7 @@ Q=${QUALITY_DIR:-/tmp/quality} STAGE=${VLLM_STAGE:-/tmp/vllm-stage} MODELS=${MOD
 REPO=${REPO_COPY:-/tmp/repo}
 SITE=/tmp/site  # where the kit's remote-install.sh installs vLLM (fixed there)
 DATA=.bundle/data/locomo-dev.json
-: "${SETTINGS05:=base=rank,0,0 t4n4=rank,4,4,similar t4n8=rank,4,8,similar t4n16=rank,4,16,similar}"
+: "${SETTINGS05:=base=rank,0,0 t4n4=rank,4,4 t4n2=rank,4,2 t4n1=rank,4,1}"
 : "${SYNTHETIC_ARGS:=}" "${K05:=5,10,20,50}" "${K15:=10,50}" "${SETTINGS15:=}" "${SEQUENTIAL:=2}"
 : "${SIZES:=0.5b 1.5b}"
 

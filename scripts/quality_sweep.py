@@ -7,7 +7,7 @@ path of the baseline (tail 0, context 0) with the same ``fact_order``, which run
 
     python scripts/quality_sweep.py --dataset locomo-dev.json --conversations 0 --limit 20 \\
         --k 5,10,20 --out runs/quality base=rank,0,0 tail2=rank,2,0 time=time,0,0 \\
-        near16=rank,4,16,similar sim8=rank,0,8,similar
+        t4n16=rank,4,16 n8=rank,0,8
 
 Each setting writes its own run folder ``OUT/NAME`` (``bench report`` / ``bench compare``
 work on it); rerunning resumes.
@@ -20,17 +20,17 @@ import json
 import tempfile
 from pathlib import Path
 
-FIELDS = ("fact_order", "recompute_tail", "capture_context", "capture_context_from")
-TYPES = (str, int, int, str)
+FIELDS = ("fact_order", "recompute_tail", "capture_context")
+TYPES = (str, int, int)
 
 
 def parse_setting(text: str) -> tuple[str, dict[str, object]]:
-    """``NAME=order,tail,context[,context_from]`` -> (NAME, the config fields)."""
+    """``NAME=order,tail,context`` -> (NAME, the config fields)."""
     name, _, spec = text.partition("=")
     parts = spec.split(",")
-    if not 3 <= len(parts) <= len(FIELDS):
-        raise SystemExit(f"bad setting {text!r}: NAME=order,tail,context[,from]")
-    return name, {f: kind(v) for f, kind, v in zip(FIELDS, TYPES, parts, strict=False)}
+    if len(parts) != len(FIELDS):
+        raise SystemExit(f"bad setting {text!r}: NAME=order,tail,context")
+    return name, {f: kind(v) for f, kind, v in zip(FIELDS, TYPES, parts, strict=True)}
 
 
 def is_baseline(levers: dict[str, object]) -> bool:
@@ -55,8 +55,7 @@ def main() -> None:
                         help="a finished baseline run (same fact order) whose text path the "
                              "settings reuse instead of a baseline of their own")
     parser.add_argument("settings", nargs="+",
-                        help="NAME=fact_order,recompute_tail,capture_context"
-                             "[,capture_context_from]")
+                        help="NAME=fact_order,recompute_tail,capture_context")
     parser.add_argument("--table-only", action="store_true",
                         help="print the table of the runs already in --out, run nothing")
     parser.add_argument("--pick", type=int, default=None, metavar="N",

@@ -85,8 +85,8 @@ def test_index_settings_from_env_and_their_defaults(monkeypatch: pytest.MonkeyPa
 def test_quality_levers_from_env_and_their_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
     defaults = MemoryConfig.load()
     # The quality-safe default of docs/quality.md (GPU, LoCoMo, two models).
-    assert (defaults.fact_order, defaults.recompute_tail, defaults.capture_context,
-            defaults.capture_context_from) == ("rank", 4, 4, "similar")
+    assert (defaults.fact_order, defaults.recompute_tail, defaults.capture_context) == (
+        "rank", 4, 4)
     monkeypatch.setenv("INFERSCALE_FACT_ORDER", "time")
     monkeypatch.setenv("INFERSCALE_RECOMPUTE_TAIL", "2")
     monkeypatch.setenv("INFERSCALE_CAPTURE_CONTEXT", "3")
@@ -94,10 +94,10 @@ def test_quality_levers_from_env_and_their_defaults(monkeypatch: pytest.MonkeyPa
     assert (config.fact_order, config.recompute_tail, config.capture_context) == ("time", 4, 3)
     with pytest.raises(ConfigError, match="recompute_tail"):
         MemoryConfig.load(recompute_tail=-2)
-    monkeypatch.setenv("INFERSCALE_CAPTURE_CONTEXT_FROM", "recent")
-    assert MemoryConfig.load().capture_context_from == "recent"
+    # capture_context_from was measured and removed (docs/quality.md): a setting that
+    # still names it is refused, not silently ignored.
     with pytest.raises(ConfigError, match="capture_context_from"):
-        MemoryConfig.load(capture_context_from="random")
+        MemoryConfig.load(capture_context_from="recent")
 
 
 def test_replace_validates_like_a_new_config(tmp_path: Path) -> None:

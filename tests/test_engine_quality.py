@@ -90,18 +90,6 @@ def test_recompute_tail_answers_like_the_text_path(engine: MemoryEngine) -> None
     assert_same_answer(kv, text)
 
 
-def test_capture_context_captures_a_fact_after_its_predecessors(
-        engine: MemoryEngine, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(engine, "config", engine.config.replace(
-        capture_context=1, capture_context_from="recent"))
-    first = engine.memory.add(block_fact(engine, "Omar adopted a grey cat in 2019."),
-                              user_id="context")
-    second = engine.memory.add(
-        padded(engine, "The cat, called Ash, turned four in June 2023.",
-               engine.runtime.block_size), user_id="context")
-    assert_injected_after_first_like_text(engine, first, second, "context")
-
-
 def assert_injected_after_first_like_text(engine: MemoryEngine, first: Fact, second: Fact,
                                           user_id: str) -> None:
     """``second``, captured right after ``first`` (each one block), injected after it
@@ -172,7 +160,7 @@ def test_default_policy_injects_all_but_a_tail_and_computes_small_k_as_text(
 def test_similar_context_captures_a_fact_after_its_nearest_fact(
         engine: MemoryEngine, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(engine, "config", engine.config.replace(
-        capture_context=1, capture_context_from="similar"))
+        capture_context=1))
     first = engine.memory.add(block_fact(engine, "Omar adopted a grey cat in 2019."),
                               user_id="near")
     engine.memory.add("The night train to Lisbon leaves at ten.", user_id="near")
@@ -201,7 +189,7 @@ def test_facts_from_another_store_are_recaptured_with_context_capture_on(
     # background; with context capture on, that recapture once listed the engine's store
     # for the context and failed with UnknownUserError.
     monkeypatch.setattr(engine, "config", engine.config.replace(
-        capture_context=2, capture_context_from="similar"))
+        capture_context=2))
     facts = [Fact(id=f"elsewhere-{n}", user_id="elsewhere", text=text, metadata={},
                   created_at=float(n), updated_at=float(n))
              for n, text in enumerate(["Rui grows basil on the balcony.",

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from inferscale_memory.config import QUALITY_FIELDS
-from inferscale_memory.fields import CONTEXT_SOURCES, FACT_ORDERS
+from inferscale_memory.fields import FACT_ORDERS
 
 if TYPE_CHECKING:
     from inferscale_memory.bench.run_folder import RunFolder
@@ -61,11 +61,8 @@ def add_bench_parser(commands: Any) -> None:
                         help="compute the last R facts from text on the KV path "
                              "(default: the config's recompute_tail)")
     locomo.add_argument("--capture-context", type=int, default=None, metavar="N",
-                        help="capture each fact after N earlier facts "
+                        help="capture each fact after its N most similar facts "
                              "(default: the config's capture_context)")
-    locomo.add_argument("--capture-context-from", choices=CONTEXT_SOURCES, default=None,
-                        help="which earlier facts: the ones added just before, or the most "
-                             "similar ones (default: the config's capture_context_from)")
     locomo.add_argument("--concurrency", type=int, default=16,
                         help="requests in flight at once (1: every question alone)")
     locomo.add_argument("--sequential", type=int, default=3, metavar="Q",

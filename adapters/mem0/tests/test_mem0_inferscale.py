@@ -113,7 +113,7 @@ def test_capture_context_comes_from_mem0s_own_store(memory: Memory, engine: Memo
     # The default quality policy captures each fact after its nearest facts. A Mem0 user
     # is unknown to the engine's own store: the neighbours come from Mem0's vector store.
     monkeypatch.setattr(engine, "config", engine.config.replace(
-        capture_context=2, capture_context_from="similar", recompute_tail=0))
+        capture_context=2, recompute_tail=0))
     user = "m0-context"
     texts = ["Mina grows tomatoes on her balcony.", "Mina's tomatoes won a prize in 2023.",
              "Mina works as a nurse in Leeds."]
