@@ -243,6 +243,15 @@ async def test_async_memory_is_answered_with_aanswer(engine: MemoryEngine,
             DEADLINE_S)
         assert reply.metrics.fact_ids == [added["results"][0]["id"]]
         assert reply.metrics.recomputed_fact_ids == [] and reply.metrics.injected_tokens > 0
+        # Mem0's extraction (infer=True) runs in a worker thread of AsyncMemory.
+        inferred = (await asyncio.wait_for(amemory.add(CHAT, user_id="m0-async-infer"),
+                                           3 * DEADLINE_S))["results"]
+        assert inferred and all(r["memory"].strip() for r in inferred)
+        reply = await asyncio.wait_for(mem0_inferscale.aanswer(
+            amemory, "Where does Dana live?", user_id="m0-async-infer", max_tokens=2),
+            DEADLINE_S)
+        assert set(reply.metrics.fact_ids) == {r["id"] for r in inferred}
+        assert reply.metrics.recomputed_fact_ids == [] and reply.metrics.injected_tokens > 0
         with pytest.raises(TypeError, match="aanswer"):
             mem0_inferscale.answer(amemory, "What does Tove do?", user_id="m0-async")
         with pytest.raises(TypeError, match="answer"):
