@@ -10,6 +10,7 @@ from mem0 import AsyncMemory, Memory
 from mem0.configs.base import mem0_dir
 
 from inferscale_memory import ChatResult, Fact, MemoryEngine, ScoredFact
+from mem0_inferscale.llm import llm_config
 from mem0_inferscale.vector_store import InferScaleVectorStore, user_of
 
 EXTRACTION_MAX_TOKENS = 512
@@ -21,24 +22,26 @@ def mem0_config(engine: MemoryEngine, *, vector_store: dict[str, Any] | None = N
                 **extra: Any) -> dict[str, Any]:
     """A Mem0 config that runs fully offline on ``engine``.
 
-    Mem0's own ``"langchain"`` providers carry the engine: fact extraction uses
-    :class:`~langchain_inferscale.ChatInferScale` (no memory of its own), embeddings use
-    :class:`~langchain_inferscale.InferScaleEmbeddings` (the engine's all-MiniLM-L6-v2).
-    The vector store defaults to Mem0's qdrant in local mode under ``folder``.
+    Fact extraction runs on the engine without memory (:class:`~mem0_inferscale.InferScaleLLM`,
+    the ``"inferscale"`` LLM provider: guided JSON, and a compact extraction prompt where
+    Mem0's does not fit the model's context); embeddings use Mem0's ``"langchain"``
+    embedder with :class:`~langchain_inferscale.InferScaleEmbeddings` (the engine's
+    all-MiniLM-L6-v2). The vector store defaults to Mem0's qdrant in local mode under
+    ``folder``. An ``llm`` section of your own (in ``extra``) is used as given.
 
     Args:
         engine: The engine for extraction (and, after :func:`attach`, the facts' KV).
         vector_store: Mem0's ``vector_store`` section; its dimension must be 384.
         history_db_path: Mem0's history database.
         folder: Where the defaults live (default ``$MEM0_DIR/inferscale``).
-        **extra: Other Mem0 config keys (``custom_instructions``, ``reranker``, ...).
+        **extra: Other Mem0 config keys (``custom_instructions``, ``reranker``, ``llm``...).
     """
-    from langchain_inferscale import ChatInferScale, InferScaleEmbeddings
+    from langchain_inferscale import InferScaleEmbeddings
 
     folder = folder or os.path.join(mem0_dir, "inferscale")
-    extractor = ChatInferScale(engine=engine, max_tokens=EXTRACTION_MAX_TOKENS)
     return {
-        "llm": {"provider": "langchain", "config": {"model": extractor}},
+        "llm": extra.pop("llm", None) or llm_config(engine, max_tokens=EXTRACTION_MAX_TOKENS,
+                                                    temperature=0.0),
         "embedder": {"provider": "langchain", "config": {"model": InferScaleEmbeddings()}},
         "vector_store": vector_store or {"provider": "qdrant", "config": {
             "collection_name": "mem0", "embedding_model_dims": 384,
@@ -66,7 +69,8 @@ def from_engine(engine: MemoryEngine, **config: Any) -> Memory:
 
     Example:
         >>> memory = from_engine(engine)                              # doctest: +SKIP
-        >>> memory.add("I moved to Berlin.", user_id="caroline", infer=False)
+        >>> memory.add([{"role": "user", "content": "I moved to Berlin."}],
+        ...            user_id="caroline")                         # Mem0 extracts the facts
         >>> answer(memory, "Where do I live?", user_id="caroline").text
     """
     return attach(Memory.from_config(mem0_config(engine, **config)), engine)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -13,8 +14,8 @@ from mem0 import AsyncMemory, Memory
 from mem0.exceptions import LLMError
 
 import mem0_inferscale
-from inferscale_memory import Fact, MemoryEngine
-from mem0_inferscale import InferScaleVectorStore
+from inferscale_memory import Fact, InvalidInputError, MemoryEngine
+from mem0_inferscale import InferScaleLLM, InferScaleVectorStore
 
 pytestmark = pytest.mark.engine
 QUESTION = "Where does Caroline live?"
@@ -97,15 +98,58 @@ def test_search_and_get_keep_mem0_behaviour(memory: Memory) -> None:
     assert memory.search("cello", filters={"user_id": "m0-nobody"})["results"] == []
 
 
-def test_fact_extraction_runs_on_the_engine(memory: Memory) -> None:
+def test_mem0_llm_runs_on_the_engine_with_response_format(memory: Memory) -> None:
+    assert isinstance(memory.llm, InferScaleLLM)
     reply = memory.llm.generate_response(messages=[
         {"role": "system", "content": "Answer in one word."},
         {"role": "user", "content": "What colour is the sky?"}])
     assert isinstance(reply, str) and reply
-    # Mem0's extraction prompt alone is about 8,700 tokens: more than SmolLM2's context,
-    # so with the embedded model infer=True stops with the engine's own error.
+    # response_format reaches the engine's guided decoding: JSON of the schema, even at 135M.
+    schema = {"type": "object", "properties": {"colour": {"enum": ["blue", "grey"]}},
+              "required": ["colour"], "additionalProperties": False}
+    guided = memory.llm.generate_response(
+        messages=[{"role": "user", "content": "What colour is the sky?"}],
+        response_format={"type": "json_schema", "json_schema": {"name": "c", "schema": schema}})
+    assert json.loads(guided)["colour"] in ("blue", "grey")
+    with pytest.raises(InvalidInputError, match="response_format"):
+        memory.llm.generate_response(messages=[{"role": "user", "content": "Hi"}],
+                                     response_format={"type": "yaml"})
+    with pytest.raises(InvalidInputError, match="tool template"):  # SmolLM2 has none
+        memory.llm.generate_response(messages=[{"role": "user", "content": "Hi"}],
+                                     tools=[{"type": "function", "function": {"name": "f"}}])
+
+
+CHAT = [{"role": "user", "content": "Hi, I am Dana. I live in Lisbon and I work as a nurse."},
+        {"role": "assistant", "content": "Nice to meet you, Dana!"},
+        {"role": "user", "content": "I love hiking in the mountains on weekends."}]
+
+
+def test_add_with_inference_extracts_captures_and_injects(memory: Memory,
+                                                          engine: MemoryEngine) -> None:
+    # Mem0's own flow (infer=True): its extraction prompt alone is longer than this
+    # engine's context (4,096), so the compact prompt and guided JSON do the extraction.
+    user = "m0-infer"
+    added = memory.add(CHAT, user_id=user)["results"]
+    assert added and all(r["event"] == "ADD" and r["memory"].strip() for r in added)
+    stored = {m["id"]: m["memory"] for m in memory.get_all(filters={"user_id": user})["results"]}
+    assert stored == {r["id"]: r["memory"] for r in added}
+    assert kv_is_missing(engine, user, stored) == []  # captured when Mem0 stored them
+    reply = mem0_inferscale.answer(memory, "Where does Dana live?", user_id=user,
+                                   max_tokens=8)
+    assert reply.metrics.injected_tokens > 0 and reply.metrics.recomputed_fact_ids == []
+    assert set(reply.metrics.fact_ids) == set(stored)
+
+
+def test_extraction_that_cannot_fit_fails_with_the_engines_error(memory: Memory) -> None:
+    long_chat = [{"role": "user", "content": "I like tea. " * 2000}]
     with pytest.raises(LLMError, match="exceeds the context"):
-        memory.add("Hi, I am Dana and I love hiking.", user_id="m0-infer")
+        memory.add(long_chat, user_id="m0-long")
+
+
+def test_an_llm_config_of_your_own_is_kept(engine: MemoryEngine) -> None:
+    own = {"provider": "openai", "config": {"model": "gpt-4.1-nano"}}
+    assert mem0_inferscale.mem0_config(engine, llm=own)["llm"] is own
+    assert mem0_inferscale.mem0_config(engine)["llm"].provider == "inferscale"
 
 
 def test_capture_context_comes_from_mem0s_own_store(memory: Memory, engine: MemoryEngine,
@@ -198,6 +242,15 @@ async def test_async_memory_is_answered_with_aanswer(engine: MemoryEngine,
             amemory, "What does Tove do on Sundays?", user_id="m0-async", max_tokens=2),
             DEADLINE_S)
         assert reply.metrics.fact_ids == [added["results"][0]["id"]]
+        assert reply.metrics.recomputed_fact_ids == [] and reply.metrics.injected_tokens > 0
+        # Mem0's extraction (infer=True) runs in a worker thread of AsyncMemory.
+        inferred = (await asyncio.wait_for(amemory.add(CHAT, user_id="m0-async-infer"),
+                                           3 * DEADLINE_S))["results"]
+        assert inferred and all(r["memory"].strip() for r in inferred)
+        reply = await asyncio.wait_for(mem0_inferscale.aanswer(
+            amemory, "Where does Dana live?", user_id="m0-async-infer", max_tokens=2),
+            DEADLINE_S)
+        assert set(reply.metrics.fact_ids) == {r["id"] for r in inferred}
         assert reply.metrics.recomputed_fact_ids == [] and reply.metrics.injected_tokens > 0
         with pytest.raises(TypeError, match="aanswer"):
             mem0_inferscale.answer(amemory, "What does Tove do?", user_id="m0-async")
