@@ -33,6 +33,7 @@ from inferscale_memory.fields import (
     RecomputeTail,
     StoreKind,
     describe,
+    kv_cache_dtype_problem,
 )
 
 ENV_PREFIX = "INFERSCALE_"
@@ -189,6 +190,7 @@ class MemoryConfig(BaseSettings):
         names = ("qdrant_path", "qdrant_url", "qdrant_api_key")
         qdrant = {name: getattr(self, name) for name in names if getattr(self, name) is not None}
         url = self.qdrant_url
+        cache_problem = kv_cache_dtype_problem(self.engine_args.get("kv_cache_dtype"))
         checks = [
             (self.index == "qdrant" or not qdrant,
              f"{', '.join(qdrant)} set but index is {self.index!r}: set index='qdrant' "
@@ -206,6 +208,7 @@ class MemoryConfig(BaseSettings):
              "store='postgres' needs postgres_url='postgresql://user:password@host/db'"),
             (self.index != "hnsw" or self.store == "postgres",
              "index='hnsw' is the PostgreSQL store's pgvector index: set store='postgres'"),
+            (cache_problem is None, str(cache_problem)),
             (self.store != "postgres" or self.index != "qdrant" or url is not None,
              "store='postgres' with index='qdrant' needs qdrant_url: an embedded Qdrant is "
              "one process's copy, which the other replicas' writes never reach"),

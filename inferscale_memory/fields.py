@@ -38,6 +38,9 @@ CaptureContext = Annotated[int, Field(ge=0, le=MAX_CAPTURE_CONTEXT)]
 # -- generation: what vLLM's engine core can decode (a wrong type there stops its thread) --
 
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # what vLLM's seeded generators accept
+# KV-cache dtypes vLLM quantizes into (with per-layer scales): a fact's keys are rotated to
+# their answer position in the cache's own dtype, which quantized bytes are not.
+QUANTIZED_KV_CACHES = ("fp8", "int8")
 MAX_STOPS = 16
 MAX_STOP_CHARS = 256
 
@@ -71,6 +74,18 @@ UnicodeText = Annotated[str, AfterValidator(unicode_text)]
 StopString = Annotated[UnicodeText, Strict(), Field(min_length=1, max_length=MAX_STOP_CHARS)]
 # A list (or, from Python, a tuple) of stop strings; the strings themselves stay strict.
 Stop = StopString | Annotated[list[StopString], Field(max_length=MAX_STOPS, strict=False)]
+
+
+def kv_cache_dtype_problem(cache_dtype: Any) -> str | None:
+    """Why facts' KV cannot live in a vLLM cache of ``cache_dtype`` (its
+    ``kv_cache_dtype``), or ``None`` when it can (``"auto"``: the model's dtype)."""
+    name = str(cache_dtype or "auto")
+    if not name.startswith(QUANTIZED_KV_CACHES):
+        return None
+    return (f"kv_cache_dtype={name!r} is not supported: an injected fact's keys are rotated "
+            "to their position in the answer (RoPE), and in a quantized cache that needs "
+            "them dequantized with the cache's scales, rotated and quantized again, which "
+            "inferscale-memory does not do yet; use kv_cache_dtype='auto' (the model's dtype)")
 
 
 def describe(exc: ValidationError, name: str | None = None) -> str:

@@ -100,6 +100,24 @@ def test_quality_levers_from_env_and_their_defaults(monkeypatch: pytest.MonkeyPa
         MemoryConfig.load(capture_context_from="recent")
 
 
+@pytest.mark.parametrize("cache_dtype", ["fp8", "fp8_e4m3", "fp8_e5m2", "int8"])
+def test_a_quantized_kv_cache_is_refused_before_vllm_starts(cache_dtype: str,
+                                                            tmp_path: Path) -> None:
+    # Injected keys are rotated in the cache's dtype; quantized bytes would be garbage.
+    with pytest.raises(ConfigError, match=f"kv_cache_dtype='{cache_dtype}' is not supported"):
+        MemoryConfig.load(engine_args={"kv_cache_dtype": cache_dtype})
+    with pytest.raises(ConfigError, match="kv_cache_dtype='auto'"):  # what to use instead
+        MemoryEngine(store_path=str(tmp_path / "m.sqlite"),
+                     engine_args={"kv_cache_dtype": cache_dtype})
+    assert not (tmp_path / "m.sqlite").exists()  # refused before anything was opened
+
+
+@pytest.mark.parametrize("cache_dtype", ["auto", "bfloat16", "float16", None])
+def test_an_unquantized_kv_cache_dtype_is_accepted(cache_dtype: str | None) -> None:
+    config = MemoryConfig.load(engine_args={"kv_cache_dtype": cache_dtype})
+    assert config.engine_args["kv_cache_dtype"] == cache_dtype
+
+
 def test_replace_validates_like_a_new_config(tmp_path: Path) -> None:
     config = MemoryConfig.load(k=3, store_path=tmp_path / "m.sqlite")  # a path-like is kept as str
     assert config.store_path == str(tmp_path / "m.sqlite")

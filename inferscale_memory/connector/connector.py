@@ -36,6 +36,8 @@ from inferscale_memory.connector import compat
 from inferscale_memory.connector.plan import StepPlan
 from inferscale_memory.connector.scheduler import SchedulerSide
 from inferscale_memory.connector.worker import WorkerSide
+from inferscale_memory.errors import ConfigError
+from inferscale_memory.fields import kv_cache_dtype_problem
 
 
 class InferScaleMetadata(KVConnectorMetadata):
@@ -51,6 +53,9 @@ class InferScaleConnector(KVConnectorBase_V1):
     def __init__(self, vllm_config: Any, role: KVConnectorRole,
                  kv_cache_config: Any = None) -> None:
         super().__init__(vllm_config, role, kv_cache_config)
+        problem = kv_cache_dtype_problem(vllm_config.cache_config.cache_dtype)
+        if problem is not None:  # `vllm serve --kv-cache-dtype fp8` with this connector
+            raise ConfigError(problem)
         lifeline.watch_parent()  # this process (engine core, worker) ends with the engine's owner
         lifeline.leave_interrupts_to_owner()
         self._scheduler = (SchedulerSide(compat.pool_budget_tokens(vllm_config),
