@@ -90,8 +90,8 @@ class ChatInferScale(BaseChatModel):
     :class:`~langchain_inferscale.InferScaleRetriever` chain) are not injected again:
     ``response_metadata["memory"]["skipped_in_prompt"]`` lists them.
 
-    Tools and structured output (on a model whose chat template has tools, e.g. Qwen2.5;
-    the embedded SmolLM2 has none and the engine refuses them):
+    Tools and structured output (on any model: a chat template without tools, such as the
+    embedded SmolLM2's, gets the engine's own tool prompt):
 
         .. code-block:: python
 
