@@ -53,6 +53,7 @@ def run(engine: MemoryEngine, user: str = "caroline") -> list[list[AnyMessage]]:
     config = {"configurable": {"thread_id": "demo", "user_id": user}}
     turns = []
     for question in QUESTIONS:
+        print(f"Q: {question}")
         turn = this_turn(agent.invoke({"messages": [HumanMessage(question)]}, config)["messages"])
         for message in turn:
             for call in getattr(message, "tool_calls", []):
@@ -60,7 +61,7 @@ def run(engine: MemoryEngine, user: str = "caroline") -> list[list[AnyMessage]]:
             if isinstance(message, ToolMessage):
                 print(f"tool result: {message.content}")
         memory = turn[-1].response_metadata["memory"]
-        print(f"Q: {question}\nA: {turn[-1].content}")
+        print(f"A: {turn[-1].content}")
         print(f"   injected {memory['injected_tokens']} tokens of "
               f"{len(memory['fact_ids'])} facts, TTFT {memory['ttft_ms']:.0f} ms")
         turns.append(turn)

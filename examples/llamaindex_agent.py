@@ -7,8 +7,8 @@ the prompt itself. ``initial_tool_choice`` forces the first call (guided decodin
 Run: ``python examples/llamaindex_agent.py`` (after ``scripts/setup.sh test``).
 """
 
-from __future__ import annotations
-
+# No "from __future__ import annotations": LlamaIndex builds the tool's schema from the
+# function's annotations, and cannot resolve them as strings.
 import asyncio
 import tempfile
 from typing import Literal

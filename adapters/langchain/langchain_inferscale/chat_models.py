@@ -35,6 +35,7 @@ from langchain_core.runnables import (
 )
 from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_json_schema, convert_to_openai_tool
+from langchain_core.utils.pydantic import is_basemodel_subclass
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from inferscale_memory import ChatChunk, MemoryEngine
@@ -260,7 +261,7 @@ class ChatInferScale(BaseChatModel):
         """
         if kwargs:
             raise ValueError(f"with_structured_output got unsupported arguments {sorted(kwargs)}")
-        pydantic = isinstance(schema, type) and issubclass(schema, BaseModel)
+        pydantic = is_basemodel_subclass(schema)  # pydantic 2, or pydantic.v1
         parser: Runnable[Any, Any]
         # What LangChain's callbacks (and LangSmith) report as the call's schema.
         traced = {"ls_structured_output_format": {

@@ -17,6 +17,9 @@ USER = "lc-standard"
 WRONG_ARGUMENT = ("SmolLM2-135M, forced to call magic_function for 'magic_function(3)', "
                   "writes another integer as its input (e.g. 100)")
 NO_CALL_ON_ITS_OWN = "SmolLM2-135M does not call a tool on its own (tool_choice='auto')"
+REPEATS_CALLS = ("SmolLM2-135M, forced to call with parallel calls allowed, keeps appending "
+                 "calls to the list until max_tokens")
+LONG_ARGUMENT = "SmolLM2-135M writes the free-text description argument past max_tokens"
 
 
 class TestChatInferScaleIntegration(ChatModelIntegrationTests):
@@ -53,6 +56,13 @@ class TestChatInferScaleIntegration(ChatModelIntegrationTests):
         return True  # function_calling (a forced call of the schema), guided decoding too
 
     @property
+    def structured_output_kwargs(self) -> dict[str, Any]:
+        # The answer itself under the schema. "function_calling" (a forced call of the
+        # schema, with the tool prompt) makes SmolLM2-135M repeat itself inside the first
+        # string until max_tokens; test_tools.py runs that method on Qwen2.5's template.
+        return {"method": "json_schema"}
+
+    @property
     def supports_json_mode(self) -> bool:
         return True
 
@@ -78,3 +88,13 @@ class TestChatInferScaleIntegration(ChatModelIntegrationTests):
                        "SmolLM2-135M does not write the keys the prompt asks for", strict=False)
     def test_json_mode(self, model: Any) -> None:
         super().test_json_mode(model)
+
+    @pytest.mark.xfail(reason=REPEATS_CALLS, strict=False)
+    def test_tool_calling_with_no_arguments(self, model: Any) -> None:
+        super().test_tool_calling_with_no_arguments(model)
+
+    @pytest.mark.xfail(reason=LONG_ARGUMENT, strict=False)
+    def test_unicode_tool_call_integration(self, model: Any, *, tool_choice: str | None = None,
+                                           force_tool_call: bool = True) -> None:
+        super().test_unicode_tool_call_integration(model, tool_choice=tool_choice,
+                                                   force_tool_call=force_tool_call)
