@@ -62,8 +62,8 @@ def run(engine: MemoryEngine, user: str = "caroline") -> list[list[AnyMessage]]:
                 print(f"tool result: {message.content}")
         memory = turn[-1].response_metadata["memory"]
         print(f"A: {turn[-1].content}")
-        print(f"   injected {memory['injected_tokens']} tokens of "
-              f"{len(memory['fact_ids'])} facts, TTFT {memory['ttft_ms']:.0f} ms")
+        print(f"   {len(memory['fact_ids'])} facts: {memory['injected_tokens']} tokens injected,"
+              f" {memory['cached_tokens']} from the prefix cache, TTFT {memory['ttft_ms']:.0f} ms")
         turns.append(turn)
     return turns
 
