@@ -67,7 +67,8 @@ class MemoryEngine:
         self.tokenizer = AutoTokenizer.from_pretrained(str(self.model_path))
         self.builder = PromptBuilder(self.tokenizer)
         # vLLM's tool parser of tool_choice="auto" (a --tool-call-parser name), chosen from
-        # the chat template; None: the template has no tools. Assign to override.
+        # the chat template ("hermes" for our own tool prompt when the template ignores
+        # tools). Assign to override; None refuses tools.
         self.tool_parser: str | None = template_parser(self.tokenizer)
         with contextlib.ExitStack() as undo:  # a failed start closes what it opened
             if store is None:

@@ -24,7 +24,13 @@ from typing import TYPE_CHECKING, Any
 
 from inferscale_memory.errors import InvalidInputError
 from inferscale_memory.fields import unicode_text
-from inferscale_memory.tools import check_tool_calls, template_messages
+from inferscale_memory.tools import (
+    check_tool_calls,
+    own_template_messages,
+    template_messages,
+    template_renders_tools,
+    tool_prompt,
+)
 
 if TYPE_CHECKING:
     from inferscale_memory.store import Fact, ScoredFact
@@ -72,6 +78,8 @@ class PromptBuilder:
         self._tokenizer = tokenizer
         self._preamble = preamble
         self._postamble = postamble
+        # False: the template ignores tools, and the footer gets our own tool prompt.
+        self.renders_tools = template_renders_tools(tokenizer)
         self.header_ids = self._encode(self._render([])[0])
         digest = hashlib.sha256(json.dumps(
             [LAYOUT_VERSION, self.header_ids, tokenizer.chat_template, postamble]).encode())
@@ -82,8 +90,10 @@ class PromptBuilder:
     def build(self, messages: Sequence[dict[str, Any]],
               facts: Sequence[tuple[str, str]],
               tools: Sequence[dict[str, Any]] | None = None) -> PromptLayout:
-        """Lay out ``messages`` with ``facts`` ((id, text) pairs, in prompt order) and the
-        ``tools`` the chat template renders (after the facts: the memory span is the same)."""
+        """Lay out ``messages`` with ``facts`` ((id, text) pairs, in prompt order) and
+        ``tools``, rendered by the chat template or, when it ignores them, by our own
+        :func:`~inferscale_memory.tools.tool_prompt` at the end of the system message;
+        either way after the facts, so the memory span is the same."""
         header_text, footer_text = self._render(messages, tools)
         if self._encode(header_text) != self.header_ids:
             if tools:  # e.g. Llama 3.1's, which writes "Environment: ipython" first
@@ -124,14 +134,17 @@ class PromptBuilder:
 
     def _render(self, messages: Sequence[dict[str, Any]],
                 tools: Sequence[dict[str, Any]] | None = None) -> tuple[str, str]:
-        conversation = template_messages(validate_messages(messages))
+        checked = validate_messages(messages)
+        conversation = template_messages(checked) if self.renders_tools \
+            else own_template_messages(checked)
         extra = [m["content"] for m in conversation if m["role"] == "system"]
         rest = [m for m in conversation if m["role"] != "system"]
-        system = "\n\n".join([self._postamble, *extra])
+        own_tools = [tool_prompt(tools)] if tools and not self.renders_tools else []
+        system = "\n\n".join([self._postamble, *extra, *own_tools])
         full = [{"role": "system", "content": f"{self._preamble}{SENTINEL}{system}"}, *rest]
         rendered = self._tokenizer.apply_chat_template(
             full, tokenize=False, add_generation_prompt=True,
-            **({"tools": list(tools)} if tools else {}))
+            **({"tools": list(tools)} if tools and self.renders_tools else {}))
         if rendered.count(SENTINEL) != 1:
             raise InvalidInputError("the chat template does not keep the system message")
         header, footer = rendered.split(SENTINEL)

@@ -123,8 +123,7 @@ def check_chat(config: MemoryConfig, messages: Any, *, k: int | None, mode: str,
     Raises:
         InvalidInputError: A malformed conversation (the last message must be the user's,
             or tool results), a bad ``k``, ``mode``, ``memory``, quality option or
-            generation option, or tools for a model whose chat template has none
-            (``tool_parser`` is ``None``).
+            generation option, or tools when the engine's ``tool_parser`` is ``None``.
     """
     conversation = validate_messages(messages)
     if not conversation or conversation[-1]["role"] not in ("user", "tool") \

@@ -14,8 +14,13 @@ vLLM already has does the rest:
   ``{"name", "parameters"}`` for ``required``, the function's arguments for a named one.
   Guided decoding works on any model, even one without a tool template.
 
-A model whose chat template ignores ``tools`` (the embedded SmolLM2-135M) refuses tools
-with :class:`InvalidInputError`; ``response_format`` works on it.
+A model whose chat template ignores ``tools`` (the embedded SmolLM2-135M) gets our own
+minimal tool prompt instead (:func:`tool_prompt`, hermes-style, in the system part after
+the facts): the tool schemas as a JSON list in ``<tools></tools>``, and calls answered as
+``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``, which vLLM's ``hermes``
+parser reads. Tool results and the assistant's earlier calls become text of user and
+assistant turns (:func:`own_template_messages`). Setting :attr:`MemoryEngine.tool_parser`
+to ``None`` refuses tools on such a model instead.
 
 Example:
     >>> reply = engine.chat(messages, user_id="caroline", tools=[WEATHER],  # doctest: +SKIP
@@ -43,6 +48,15 @@ TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 TEMPLATE_PARSERS = (("<tool_call>", "hermes"), ("<|python_tag|>", "llama3_json"),
                     ("ipython", "llama3_json"))
 TOOL_MODELS = ("Qwen2.5-Instruct (hermes)", "Llama-3.1/3.2-Instruct (llama3_json)")
+OWN_TOOL_PARSER = "hermes"  # reads the calls of our own tool prompt
+# Our own tool prompt, for a chat template that ignores tools. SmolLM2's SFT data (APIGen)
+# lists the functions as JSON in <tools></tools> and calls them in <tool_call> tags.
+TOOL_PROMPT = (
+    "You can call these tools:\n<tools>{tools}</tools>\n\n"
+    "To call a tool, answer with one line per call and nothing else:\n"
+    '<tool_call>{{"name": "tool_name", "arguments": {{"argument": "value"}}}}</tool_call>\n'
+    "If no tool is needed, answer the user directly.")
+_CALL_BLOCK = re.compile(r"<tool_call>\s*(\[.*?\])\s*</tool_call>", re.DOTALL)
 _EMPTY_OBJECT = {"type": "object", "properties": {}}
 
 
@@ -154,11 +168,11 @@ def check_tool_request(tools: Any = None, tool_choice: Any = None,
     return request
 
 
-def template_parser(tokenizer: Any) -> str | None:
-    """vLLM's tool parser for the model's chat template, or ``None`` when the template
-    ignores ``tools`` (the model has no tool template)."""
+def template_parser(tokenizer: Any) -> str:
+    """vLLM's tool parser for the model's chat template; :data:`OWN_TOOL_PARSER` when the
+    template ignores ``tools`` (the prompt then has our own :func:`tool_prompt`)."""
     if not template_renders_tools(tokenizer):
-        return None
+        return OWN_TOOL_PARSER
     template = str(tokenizer.chat_template)
     for marker, parser in TEMPLATE_PARSERS:
         if marker in template:
@@ -179,11 +193,51 @@ def template_renders_tools(tokenizer: Any) -> bool:
 
 
 def refuse_without_template(model: str) -> InvalidInputError:
-    """The error for tools sent to a model whose chat template has none."""
+    """The error for tools sent to an engine whose ``tool_parser`` was set to ``None``."""
     return InvalidInputError(
-        f"the model {model} has no tool template, so it cannot be given tools; use a model "
-        f"whose chat template renders tools ({', '.join(TOOL_MODELS)}). response_format "
-        "(json_object, json_schema) works on any model")
+        f"tools are off for the model {model} (the engine's tool_parser is None); set it to "
+        f"a vLLM tool parser, or use a model whose chat template renders tools "
+        f"({', '.join(TOOL_MODELS)}). response_format (json_object, json_schema) works on "
+        "any model")
+
+
+def tool_prompt(tools: Sequence[dict[str, Any]]) -> str:
+    """Our own tool prompt (:data:`TOOL_PROMPT`) for ``tools``: the functions' ``name``,
+    ``description`` and ``parameters`` as one JSON list."""
+    functions = [{key: t["function"][key] for key in ("name", "description", "parameters")
+                  if key in t["function"]} for t in tools]
+    return TOOL_PROMPT.format(tools=json.dumps(functions, ensure_ascii=False))
+
+
+def call_text(name: str, arguments: str) -> str:
+    """One call in our own tool prompt's format (``arguments``: JSON text of an object)."""
+    return json.dumps({"name": name, "arguments": json.loads(arguments)},
+                      ensure_ascii=False).join(("<tool_call>", "</tool_call>"))
+
+
+def own_template_messages(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Checked messages (:func:`~inferscale_memory.layout.validate_messages`) for a chat
+    template that knows no tools: an assistant's ``tool_calls`` become its text (one
+    :func:`call_text` line each), and a run of ``tool`` results becomes one user turn of
+    ``<tool_response>`` blocks."""
+    out: list[dict[str, Any]] = []
+    after_tool = False
+    for message in messages:
+        if message.get("tool_calls"):
+            lines = [call_text(c["function"]["name"], c["function"]["arguments"])
+                     for c in message["tool_calls"]]
+            content = "\n".join([message["content"], *lines] if message["content"] else lines)
+            out.append({"role": "assistant", "content": content})
+        elif message["role"] == "tool":
+            block = f"<tool_response>\n{message['content']}\n</tool_response>"
+            if after_tool:
+                out[-1] = {"role": "user", "content": f"{out[-1]['content']}\n{block}"}
+            else:
+                out.append({"role": "user", "content": block})
+        else:
+            out.append(message)
+        after_tool = message["role"] == "tool"
+    return out
 
 
 def new_call_id() -> str:
@@ -370,9 +424,25 @@ def _parse_with_vllm(request: ToolRequest, text: str, tokenizer: Any
     from inferscale_memory.connector.compat import extract_tool_calls
 
     assert request.parser is not None
+    if request.parser == "hermes":
+        text = split_call_lists(text)
     found = extract_tool_calls(request.parser, request.tools, text, tokenizer)
     if not found.tools_called:
         return text, []
     calls = [ToolCall(new_call_id(), c.function.name, c.function.arguments)
              for c in found.tool_calls]
     return found.content or None, calls
+
+
+def split_call_lists(text: str) -> str:
+    """A ``<tool_call>`` block holding a JSON list of calls (the form of SmolLM2's SFT
+    data) as one block per call, the form vLLM's ``hermes`` parser reads."""
+    def split(match: re.Match[str]) -> str:
+        try:
+            calls = json.loads(match.group(1))
+        except ValueError:
+            return match.group(0)
+        return "".join(json.dumps(c, ensure_ascii=False).join(("<tool_call>", "</tool_call>"))
+                       for c in calls)
+
+    return _CALL_BLOCK.sub(split, text)

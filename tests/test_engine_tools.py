@@ -2,7 +2,8 @@
 
 The model has random weights and Qwen2.5's tool template (``tool_engine`` in the root
 conftest, ``tests/tool_model.py``): guided decoding makes it produce parseable calls, and
-the KV path must equal the text path.
+the KV path must equal the text path. The default ``engine`` (SmolLM2, whose template has
+no tools) gets the engine's own tool prompt instead.
 """
 
 from __future__ import annotations
@@ -136,3 +137,40 @@ def test_a_schema_guided_decoding_cannot_use_is_refused(tool_engine: MemoryEngin
     with pytest.raises(InvalidInputError, match="guided decoding"):
         tool_engine.chat(QUESTION, user_id=user, max_tokens=4, response_format=fmt)
     assert tool_engine.chat(QUESTION, user_id=user, max_tokens=2).metrics.output_tokens > 0
+
+
+def test_a_model_without_a_tool_template_calls_with_our_tool_prompt(engine: MemoryEngine
+                                                                     ) -> None:
+    engine.memory.add(block_fact(engine, "Caroline moved to Berlin in May 2023."),
+                      user_id="smol-tools")
+    assert engine.tool_parser == "hermes" and not engine.builder.renders_tools
+    engine.reset_prefix_cache()
+    reply = engine.chat(QUESTION, user_id="smol-tools", k=1, max_tokens=40, tools=[WEATHER],
+                        tool_choice="required", parallel_tool_calls=False)
+    assert reply.metrics.injected_tokens > 0 and reply.finish_reason == "tool_calls"
+    assert [c.name for c in reply.tool_calls] == ["get_weather"]
+    jsonschema.validate(json.loads(reply.tool_calls[0].arguments),
+                        WEATHER["function"]["parameters"])
+    prompt = engine.tokenizer.decode(reply.prompt_token_ids)
+    assert prompt.index("Caroline moved to Berlin") < prompt.index('<tools>[{"name": "get_weather"')
+
+
+def test_our_tool_prompts_result_turn_on_the_kv_path_equals_the_text_path(
+        engine: MemoryEngine) -> None:
+    user = "smol-tools-result"
+    engine.memory.add(block_fact(engine, "Caroline moved to Berlin in May 2023."), user_id=user)
+    conversation = [*QUESTION,
+                    {"role": "assistant", "content": None, "tool_calls": [
+                        {"id": "call_1", "type": "function",
+                         "function": {"name": "get_weather", "arguments": '{"city": "Berlin"}'}}]},
+                    {"role": "tool", "tool_call_id": "call_1", "content": "12 C and rain"}]
+    options = dict(user_id=user, k=1, max_tokens=16, logprobs=5, tools=[WEATHER])
+    engine.reset_prefix_cache()
+    engine.chat(QUESTION, user_id=user, k=1, mode="text", max_tokens=1)
+    warm = engine.chat(conversation, mode="text", **options)  # type: ignore[arg-type]
+    kv = engine.chat(conversation, mode="kv", **options)  # type: ignore[arg-type]
+    assert kv.metrics.injected_tokens == engine.runtime.block_size  # header + fact
+    assert_same_answer(kv, warm)
+    assert kv.text and not kv.tool_calls  # SmolLM2 answers the result in words
+    prompt = engine.tokenizer.decode(kv.prompt_token_ids)
+    assert "<|im_start|>user\n<tool_response>\n12 C and rain\n</tool_response>" in prompt

@@ -1,7 +1,7 @@
 """Tool schemas, choices, output formats and parsing, without an engine.
 
 The parser of ``tool_choice="auto"`` is vLLM's own (``hermes``), the templates are the
-embedded SmolLM2's (no tools) and Qwen2.5's (``tests/tool_model.py``).
+embedded SmolLM2's (no tools: our own tool prompt) and Qwen2.5's (``tests/tool_model.py``).
 """
 
 from __future__ import annotations
@@ -15,10 +15,12 @@ from tool_model import QWEN25_TEMPLATE
 from inferscale_memory import InvalidInputError
 from inferscale_memory.layout import PromptBuilder, validate_messages
 from inferscale_memory.tools import (
+    OWN_TOOL_PARSER,
     TOOL_MODELS,
     check_tool_request,
     refuse_without_template,
     template_parser,
+    tool_prompt,
 )
 
 WEATHER = {"type": "function", "function": {
@@ -50,9 +52,58 @@ def qwen(smol: Any) -> Any:
 
 def test_parsers_are_chosen_from_the_template(smol: Any, qwen: Any) -> None:
     assert template_parser(qwen) == "hermes"
-    assert template_parser(smol) is None  # SmolLM2's template ignores tools
-    message = str(refuse_without_template("SmolLM2-135M-Instruct"))
+    # SmolLM2's template ignores tools: our own prompt, whose calls hermes reads.
+    assert template_parser(smol) == OWN_TOOL_PARSER == "hermes"
+    message = str(refuse_without_template("SmolLM2-135M-Instruct"))  # tool_parser None
     assert "SmolLM2-135M-Instruct" in message and all(m in message for m in TOOL_MODELS)
+
+
+def test_a_template_without_tools_gets_our_own_tool_prompt_after_the_facts(smol: Any) -> None:
+    builder = PromptBuilder(smol)
+    assert not builder.renders_tools
+    messages = [{"role": "user", "content": "Weather where Caroline lives?"}]
+    plain = builder.build(messages, [("f1", "Caroline lives in Berlin.")])
+    layout = builder.build(messages, [("f1", "Caroline lives in Berlin.")], [WEATHER])
+    assert layout.token_ids[:layout.memory_end] == plain.token_ids[:plain.memory_end]
+    footer = smol.decode(layout.token_ids[layout.memory_end:])
+    system, question = footer.split("<|im_end|>")[:2]
+    assert system.endswith(tool_prompt([WEATHER]))  # the end of the system message
+    assert '<tools>[{"name": "get_weather", "parameters": {"type": "object"' in system
+    assert '<tool_call>{"name": "tool_name", "arguments": {"argument": "value"}}</tool_call>' \
+        in system
+    assert "Weather where Caroline lives?" in question
+    assert builder.build(messages, [], None).token_ids == builder.build(messages, []).token_ids
+
+
+def test_tool_turns_become_text_turns_for_a_template_without_tools(smol: Any) -> None:
+    builder = PromptBuilder(smol)
+    second = {**CALL, "id": "call_2", "function": {"name": "get_weather",
+                                                   "arguments": '{"city": "Paris"}'}}
+    messages = [{"role": "user", "content": "Weather in Berlin and Paris?"},
+                {"role": "assistant", "content": None, "tool_calls": [CALL, second]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "12 C"},
+                {"role": "tool", "tool_call_id": "call_2", "content": "15 C"}]
+    footer = smol.decode(builder.build(messages, [], [WEATHER]).token_ids)
+    assert ('<|im_start|>assistant\n<tool_call>{"name": "get_weather", "arguments": '
+            '{"city": "Berlin"}}</tool_call>\n<tool_call>{"name": "get_weather", '
+            '"arguments": {"city": "Paris"}}</tool_call><|im_end|>') in footer
+    assert ("<|im_start|>user\n<tool_response>\n12 C\n</tool_response>\n"
+            "<tool_response>\n15 C\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+            ) in footer
+    assert "<|im_start|>tool" not in footer
+
+
+def test_our_tool_prompts_calls_are_read_by_hermes_one_or_a_list(smol: Any) -> None:
+    request = check_tool_request([WEATHER], "auto", parser=template_parser(smol))
+    assert request is not None
+    one = '<tool_call>{"name": "get_weather", "arguments": {"city": "Berlin"}}</tool_call>'
+    listed = '<tool_call>[{"name": "get_weather", "arguments": {"city": "Berlin"}}, ' \
+             '{"name": "get_weather", "arguments": {"city": "Rome"}}]</tool_call>'
+    assert [json.loads(c.arguments) for c in request.parse(one, smol)[1]] == [{"city": "Berlin"}]
+    content, calls = request.parse(listed, smol)  # SmolLM2's SFT format
+    assert content is None
+    assert [json.loads(c.arguments)["city"] for c in calls] == ["Berlin", "Rome"]
+    assert request.parse("It is sunny.", smol) == ("It is sunny.", [])
 
 
 def test_auto_calls_are_read_by_vllms_hermes_parser(qwen: Any) -> None:

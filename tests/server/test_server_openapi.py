@@ -56,9 +56,10 @@ def tame(case: Any, model: str, fact_ids: list[str]) -> dict[str, str]:
     """Steer a generated request past the first refusals; return the headers to send.
 
     Only valid requests are changed. Two in three name the served model and a user with
-    facts or none, leave out tools, structured output and tool messages (the served model
-    has no tool template), and end with a user message (chat), or name that user in the
-    ``X-Memory-User`` header instead of ``user_id`` and one of its real facts (memories);
+    facts or none, leave out tools, structured output and tool messages (each generated
+    JSON schema would have guided decoding compile a grammar; test_server_tools.py covers
+    them), and end with a user message (chat), or name that user in the ``X-Memory-User``
+    header instead of ``user_id`` and one of its real facts (memories);
     ``max_tokens`` above 4 is lowered to 4. Invalid requests are refused before they
     reach the engine.
     """
@@ -71,8 +72,8 @@ def tame(case: Any, model: str, fact_ids: list[str]) -> dict[str, str]:
         if steer and body:
             body["model"] = model
             body["user"] = SCHEMA_USER if steer == 1 else None
-            # The served model (SmolLM2) has no tool template: tools are refused with a
-            # 400 (tests/server/test_server_tools.py covers them on a model that has one).
+            # Tools are covered by tests/server/test_server_tools.py (SmolLM2's own tool
+            # prompt and a model with a tool template).
             for key in ("tools", "tool_choice", "parallel_tool_calls", "response_format",
                         "functions", "function_call"):
                 body.pop(key, None)

@@ -1,7 +1,8 @@
 """Tools and structured output through the server, with the official ``openai`` client.
 
 The server runs over ``tool_engine`` (random weights, Qwen2.5's tool template): guided
-decoding makes its calls parseable; the user's fact is injected as KV in every answer.
+decoding makes its calls parseable; the user's fact is injected as KV in every answer. The
+default ``server`` (SmolLM2, whose template has no tools) answers with our own tool prompt.
 """
 
 from __future__ import annotations
@@ -142,3 +143,24 @@ def test_bad_tool_requests_are_400s(tool_server: ServerHandle, model: str) -> No
             response = client.post("/chat/completions", json={
                 "model": model, "messages": QUESTION, "max_tokens": 4, **extra})
             assert_openai_error(response, 400)
+
+
+def test_a_model_without_a_tool_template_calls_and_answers_through_our_tool_prompt(
+        server: ServerHandle, engine: MemoryEngine) -> None:
+    add_facts(server, "srv-smol-tools", "Caroline moved to Berlin in May 2023.")
+    client, model = openai_client(server), engine.model_path.name
+    reply = client.chat.completions.create(
+        model=model, messages=QUESTION, user="srv-smol-tools", max_tokens=40, tools=[WEATHER],
+        tool_choice="required", parallel_tool_calls=False)
+    calls = reply.choices[0].message.tool_calls
+    assert reply.choices[0].finish_reason == "tool_calls" and calls is not None
+    assert calls[0].function.name == "get_weather"
+    jsonschema.validate(json.loads(calls[0].function.arguments),
+                        WEATHER["function"]["parameters"])
+    messages = [*QUESTION, reply.choices[0].message.model_dump(exclude_none=True),
+                {"role": "tool", "tool_call_id": calls[0].id, "content": "12 C and rain"}]
+    answer = client.chat.completions.create(
+        model=model, messages=messages, user="srv-smol-tools", max_tokens=16,  # type: ignore[arg-type]
+        tools=[WEATHER])
+    assert answer.choices[0].finish_reason in ("stop", "length")
+    assert answer.choices[0].message.content and not answer.choices[0].message.tool_calls

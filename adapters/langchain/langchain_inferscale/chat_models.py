@@ -35,6 +35,7 @@ from langchain_core.runnables import (
 )
 from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_json_schema, convert_to_openai_tool
+from langchain_core.utils.pydantic import is_basemodel_subclass
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from inferscale_memory import ChatChunk, MemoryEngine
@@ -90,8 +91,8 @@ class ChatInferScale(BaseChatModel):
     :class:`~langchain_inferscale.InferScaleRetriever` chain) are not injected again:
     ``response_metadata["memory"]["skipped_in_prompt"]`` lists them.
 
-    Tools and structured output (on a model whose chat template has tools, e.g. Qwen2.5;
-    the embedded SmolLM2 has none and the engine refuses them):
+    Tools and structured output (on any model: a chat template without tools, such as the
+    embedded SmolLM2's, gets the engine's own tool prompt):
 
         .. code-block:: python
 
@@ -260,12 +261,15 @@ class ChatInferScale(BaseChatModel):
         """
         if kwargs:
             raise ValueError(f"with_structured_output got unsupported arguments {sorted(kwargs)}")
-        pydantic = isinstance(schema, type) and issubclass(schema, BaseModel)
+        pydantic = is_basemodel_subclass(schema)  # pydantic 2, or pydantic.v1
         parser: Runnable[Any, Any]
+        # What LangChain's callbacks (and LangSmith) report as the call's schema.
+        traced = {"ls_structured_output_format": {
+            "kwargs": {"method": method, "strict": strict}, "schema": schema}}
         if method == "function_calling":
             tool = convert_to_openai_tool(schema, strict=strict)
             name = tool["function"]["name"]
-            llm = self.bind_tools([tool], tool_choice=name, parallel_tool_calls=False)
+            llm = self.bind_tools([tool], tool_choice=name, parallel_tool_calls=False, **traced)
             parser = (PydanticToolsParser(tools=[schema], first_tool_only=True) if pydantic
                       else JsonOutputKeyToolsParser(key_name=name, first_tool_only=True))
         elif method == "json_schema":
@@ -273,11 +277,12 @@ class ChatInferScale(BaseChatModel):
             body = {"name": json_schema.get("title", "output"), "schema": json_schema}
             if strict is not None:
                 body["strict"] = strict
-            llm = self.bind(response_format={"type": "json_schema", "json_schema": body})
+            llm = self.bind(response_format={"type": "json_schema", "json_schema": body},
+                            **traced)
             parser = (PydanticOutputParser(pydantic_object=schema) if pydantic  # type: ignore[arg-type]
                       else JsonOutputParser())
         elif method == "json_mode":
-            llm = self.bind(response_format={"type": "json_object"})
+            llm = self.bind(response_format={"type": "json_object"}, **traced)
             parser = (PydanticOutputParser(pydantic_object=schema) if pydantic  # type: ignore[arg-type]
                       else JsonOutputParser())
         else:
@@ -383,8 +388,11 @@ def _to_openai(messages: list[BaseMessage]) -> list[dict[str, Any]]:
         if role not in ROLES.values():
             raise ValueError(f"ChatInferScale cannot take {message.type!r} messages: "
                              "only system, human, ai and tool messages")
+        # An AI message's "tool_use" blocks (Anthropic's form) repeat its tool_calls.
+        calls = ("tool_call", "tool_use") if isinstance(message, AIMessage) \
+            and message.tool_calls else ("tool_call",)
         if isinstance(message.content, list) and any(
-                not isinstance(block, str) and block.get("type") not in ("text", "tool_call")
+                not isinstance(block, str) and block.get("type") not in ("text", *calls)
                 for block in message.content):
             raise ValueError("ChatInferScale takes text content only")
         entry: dict[str, Any] = {"role": role, "content": message.text}

@@ -58,9 +58,9 @@ class InferScaleLLM(FunctionCallingLLM):
             response = llm.chat([ChatMessage(role="user", content="Where is Caroline?")])
             response.message.content, response.additional_kwargs["memory"]["injected_tokens"]
 
-    Tools (``chat_with_tools``, ``predict_and_call``, ``FunctionAgent``), on a model whose
-    chat template has tools (Qwen2.5 and the like; the embedded SmolLM2 has none, and the
-    engine refuses tools on it): the calls come back in
+    Tools (``chat_with_tools``, ``predict_and_call``, ``FunctionAgent``), on any model (a
+    chat template without tools, such as the embedded SmolLM2's, gets the engine's own tool
+    prompt; ``engine.tool_parser = None`` turns tools off): the calls come back in
     ``message.additional_kwargs["tool_calls"]`` (OpenAI's shape), read by
     :meth:`get_tool_calls_from_response`; the facts are injected all the same.
     """

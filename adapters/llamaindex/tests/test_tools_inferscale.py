@@ -51,7 +51,8 @@ def used_memory(response: ChatResponse) -> bool:
 def test_the_tool_template_makes_it_a_function_calling_model(llm: InferScaleLLM,
                                                              engine: MemoryEngine) -> None:
     assert llm.metadata.is_function_calling_model
-    assert not InferScaleLLM(engine=engine).metadata.is_function_calling_model  # SmolLM2
+    # SmolLM2's template has no tools: the engine's own tool prompt makes it one too.
+    assert InferScaleLLM(engine=engine).metadata.is_function_calling_model
 
 
 def test_a_required_call_is_read_and_its_result_answered(llm: InferScaleLLM,
@@ -86,7 +87,23 @@ def test_a_streamed_call_arrives_with_the_last_response(llm: InferScaleLLM) -> N
     assert [c.tool_name for c in calls] == ["get_weather"] and used_memory(responses[-1])
 
 
-def test_tools_on_a_model_without_a_tool_template_are_refused(engine: MemoryEngine) -> None:
-    plain = InferScaleLLM(engine=engine, user_id=USER, k=1, max_tokens=4)
-    with pytest.raises(InvalidInputError, match="no tool template"):
-        plain.chat_with_tools([WEATHER], user_msg=QUESTION)
+def test_a_model_without_a_tool_template_calls_tools_through_our_tool_prompt(
+        engine: MemoryEngine) -> None:
+    engine.memory.add("Caroline moved to Berlin in May 2023.", user_id=USER)
+    smol = InferScaleLLM(engine=engine, user_id=USER, k=1, max_tokens=40)
+    response = smol.chat_with_tools([WEATHER], user_msg=QUESTION, tool_required=True)
+    calls = smol.get_tool_calls_from_response(response)
+    assert [c.tool_name for c in calls] == ["get_weather"] and used_memory(response)
+    assert calls[0].tool_kwargs["city"] in ("Berlin", "Paris")
+
+
+def test_tools_are_refused_once_the_engines_tool_parser_is_none(engine: MemoryEngine) -> None:
+    parser, engine.tool_parser = engine.tool_parser, None
+    try:
+        plain = InferScaleLLM(engine=engine, user_id=USER, k=1, max_tokens=4)
+        assert not plain.metadata.is_function_calling_model
+        with pytest.raises(InvalidInputError, match="tool_parser is None"):
+            plain.chat_with_tools([WEATHER], user_msg=QUESTION)
+    finally:
+        engine.tool_parser = parser
+    assert engine.healthy

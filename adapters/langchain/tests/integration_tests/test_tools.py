@@ -91,9 +91,18 @@ def test_structured_output_parses_into_the_schema(llm: ChatInferScale, method: s
     assert City.model_validate(raw["parsed"]) and used_memory(raw["raw"])
 
 
-def test_tools_on_a_model_without_a_tool_template_are_refused(engine: MemoryEngine) -> None:
-    from inferscale_memory import InvalidInputError
-
-    plain = ChatInferScale(engine=engine, user_id=USER, k=1, max_tokens=4)
-    with pytest.raises(InvalidInputError, match="no tool template"):
-        plain.bind_tools([get_weather]).invoke(QUESTION)
+def test_a_model_without_a_tool_template_calls_tools_through_our_tool_prompt(
+        engine: MemoryEngine) -> None:
+    # SmolLM2 (the default): the engine writes the tools into the prompt itself.
+    engine.memory.add("Caroline moved to Berlin in May 2023.", user_id=USER)
+    smol = ChatInferScale(engine=engine, user_id=USER, k=1, max_tokens=40)
+    call = smol.bind_tools([get_weather], tool_choice="any",
+                           parallel_tool_calls=False).invoke(QUESTION)
+    assert [c["name"] for c in call.tool_calls] == ["get_weather"] and used_memory(call)
+    assert call.tool_calls[0]["args"]["city"] in ("Berlin", "Paris")
+    result = ToolMessage(get_weather(**call.tool_calls[0]["args"]),
+                         tool_call_id=call.tool_calls[0]["id"])
+    answer = smol.bind_tools([get_weather], tool_choice="none").invoke(
+        [HumanMessage(QUESTION), call, result])
+    assert isinstance(answer.content, str) and answer.content and not answer.tool_calls
+    assert used_memory(answer)
