@@ -80,7 +80,7 @@ class InferScaleLLM(LLMBase):
 
         Returns:
             The text; with ``tools``, Mem0's ``{"content", "tool_calls": [{"name",
-            "arguments": dict}]}`` (the model needs a tool template).
+            "arguments": dict}]}``.
 
         Raises:
             inferscale_memory.InvalidInputError: Bad messages, tools or response_format.

@@ -114,9 +114,20 @@ def test_mem0_llm_runs_on_the_engine_with_response_format(memory: Memory) -> Non
     with pytest.raises(InvalidInputError, match="response_format"):
         memory.llm.generate_response(messages=[{"role": "user", "content": "Hi"}],
                                      response_format={"type": "yaml"})
-    with pytest.raises(InvalidInputError, match="tool template"):  # SmolLM2 has none
+    # Tools (the engine's own tool prompt on SmolLM2): a forced call comes back in Mem0's
+    # shape, its arguments a dict of the tool's schema.
+    weather = {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"enum": ["Berlin", "Lisbon"]}},
+        "required": ["city"], "additionalProperties": False}}}
+    called = memory.llm.generate_response(
+        messages=[{"role": "user", "content": "What is the weather in Lisbon?"}],
+        tools=[weather], tool_choice="required")
+    assert isinstance(called, dict) and called["tool_calls"], called
+    assert called["tool_calls"][0]["name"] == "get_weather"
+    assert called["tool_calls"][0]["arguments"]["city"] in ("Berlin", "Lisbon")
+    with pytest.raises(InvalidInputError, match="tool"):
         memory.llm.generate_response(messages=[{"role": "user", "content": "Hi"}],
-                                     tools=[{"type": "function", "function": {"name": "f"}}])
+                                     tools=[weather], tool_choice="sometimes")
 
 
 CHAT = [{"role": "user", "content": "Hi, I am Dana. I live in Lisbon and I work as a nurse."},
