@@ -34,7 +34,7 @@ from inferscale_memory.options import check_chat, check_given_facts
 from inferscale_memory.results import ChatChunk, ChatMetrics, ChatResult, KVStats
 from inferscale_memory.runtime import Completion, VllmRuntime
 from inferscale_memory.store import Fact, MemoryStore, ScoredFact
-from inferscale_memory.tools import ToolStream, template_parser
+from inferscale_memory.tools import ToolStream
 
 logger = logging.getLogger(__name__)
 
@@ -68,8 +68,9 @@ class MemoryEngine:
         self.builder = PromptBuilder(self.tokenizer)
         # vLLM's tool parser of tool_choice="auto" (a --tool-call-parser name), chosen from
         # the chat template ("hermes" for our own tool prompt when the template ignores
-        # tools). Assign to override; None refuses tools.
-        self.tool_parser: str | None = template_parser(self.tokenizer)
+        # tools or renders them before the system message). Assign to override; None
+        # refuses tools.
+        self.tool_parser: str | None = self.builder.tool_parser
         with contextlib.ExitStack() as undo:  # a failed start closes what it opened
             if store is None:
                 store = MemoryStore.from_config(config, default_embedder(config.embedder))

@@ -25,9 +25,12 @@ from typing import TYPE_CHECKING, Any
 from inferscale_memory.errors import InvalidInputError
 from inferscale_memory.fields import unicode_text
 from inferscale_memory.tools import (
+    OWN_TOOL_PARSER,
+    PROBE_TOOL,
     check_tool_calls,
     own_template_messages,
     template_messages,
+    template_parser,
     template_renders_tools,
     tool_prompt,
 )
@@ -78,25 +81,37 @@ class PromptBuilder:
         self._tokenizer = tokenizer
         self._preamble = preamble
         self._postamble = postamble
-        # False: the template ignores tools, and the footer gets our own tool prompt.
-        self.renders_tools = template_renders_tools(tokenizer)
-        self.header_ids = self._encode(self._render([])[0])
+        header = self._render([], native_tools=False)[0]
+        # Whether the template renders tools after the system message, as the memory span
+        # needs; if not (it ignores them, or changes the header with them, as Llama 3.1's
+        # does), the footer gets our own tool prompt.
+        self.renders_tools = template_renders_tools(tokenizer) and self._render(
+            [], [PROBE_TOOL], native_tools=True)[0] == header
+        self.header_ids = self._encode(header)
         digest = hashlib.sha256(json.dumps(
             [LAYOUT_VERSION, self.header_ids, tokenizer.chat_template, postamble]).encode())
         self.layout_id = digest.hexdigest()[:24]
         self.header_name = f"header:{self.layout_id}"
         self.fact_ids = lru_cache(maxsize=65536)(self._fact_ids)
 
+    @property
+    def tool_parser(self) -> str:
+        """vLLM's tool parser for the calls of ``tool_choice="auto"``: the chat template's
+        (:func:`~inferscale_memory.tools.template_parser`) where it renders the tools,
+        else ``"hermes"``, which reads our own tool prompt's calls."""
+        return template_parser(self._tokenizer) if self.renders_tools else OWN_TOOL_PARSER
+
     def build(self, messages: Sequence[dict[str, Any]],
               facts: Sequence[tuple[str, str]],
               tools: Sequence[dict[str, Any]] | None = None) -> PromptLayout:
         """Lay out ``messages`` with ``facts`` ((id, text) pairs, in prompt order) and
-        ``tools``, rendered by the chat template or, when it ignores them, by our own
+        ``tools``, rendered by the chat template where it puts them after the system
+        message (:attr:`renders_tools`), else by our own
         :func:`~inferscale_memory.tools.tool_prompt` at the end of the system message;
         either way after the facts, so the memory span is the same."""
         header_text, footer_text = self._render(messages, tools)
         if self._encode(header_text) != self.header_ids:
-            if tools:  # e.g. Llama 3.1's, which writes "Environment: ipython" first
+            if tools:  # a template whose header depends on the tools given (not the probe's)
                 raise InvalidInputError("the chat template renders tools before the system "
                                         "message: the facts would follow another header")
             raise InvalidInputError("the chat template renders a message-dependent header")
@@ -133,18 +148,21 @@ class PromptBuilder:
         return list(self._tokenizer.encode(text, add_special_tokens=False))
 
     def _render(self, messages: Sequence[dict[str, Any]],
-                tools: Sequence[dict[str, Any]] | None = None) -> tuple[str, str]:
+                tools: Sequence[dict[str, Any]] | None = None, *,
+                native_tools: bool | None = None) -> tuple[str, str]:
+        """Header and footer text; ``native_tools``: the template renders the tools and
+        tool turns (default: :attr:`renders_tools`), else our own tool prompt does."""
+        native = self.renders_tools if native_tools is None else native_tools
         checked = validate_messages(messages)
-        conversation = template_messages(checked) if self.renders_tools \
-            else own_template_messages(checked)
+        conversation = template_messages(checked) if native else own_template_messages(checked)
         extra = [m["content"] for m in conversation if m["role"] == "system"]
         rest = [m for m in conversation if m["role"] != "system"]
-        own_tools = [tool_prompt(tools)] if tools and not self.renders_tools else []
+        own_tools = [tool_prompt(tools)] if tools and not native else []
         system = "\n\n".join([self._postamble, *extra, *own_tools])
         full = [{"role": "system", "content": f"{self._preamble}{SENTINEL}{system}"}, *rest]
         rendered = self._tokenizer.apply_chat_template(
             full, tokenize=False, add_generation_prompt=True,
-            **({"tools": list(tools)} if tools and self.renders_tools else {}))
+            **({"tools": list(tools)} if tools and native else {}))
         if rendered.count(SENTINEL) != 1:
             raise InvalidInputError("the chat template does not keep the system message")
         header, footer = rendered.split(SENTINEL)

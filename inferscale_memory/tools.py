@@ -14,9 +14,11 @@ vLLM already has does the rest:
   ``{"name", "parameters"}`` for ``required``, the function's arguments for a named one.
   Guided decoding works on any model, even one without a tool template.
 
-A model whose chat template ignores ``tools`` (the embedded SmolLM2-135M) gets our own
-minimal tool prompt instead (:func:`tool_prompt`, hermes-style, in the system part after
-the facts): the tool schemas as a JSON list in ``<tools></tools>``, and calls answered as
+A model whose chat template ignores ``tools`` (the embedded SmolLM2-135M), or renders them
+before the system message (Llama 3.1 and 3.2 write "Environment: ipython" into the system
+header, so the facts would follow another header than the one they were captured after),
+gets our own minimal tool prompt instead (:func:`tool_prompt`, hermes-style, in the system
+part after the facts): the tool schemas as a JSON list in ``<tools></tools>``, and calls answered as
 ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``, which vLLM's ``hermes``
 parser reads. Tool results and the assistant's earlier calls become text of user and
 assistant turns (:func:`own_template_messages`). Setting :attr:`MemoryEngine.tool_parser`
@@ -47,7 +49,9 @@ TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 # Parsers of vLLM (``--tool-call-parser`` names), by a marker of the chat template.
 TEMPLATE_PARSERS = (("<tool_call>", "hermes"), ("<|python_tag|>", "llama3_json"),
                     ("ipython", "llama3_json"))
-TOOL_MODELS = ("Qwen2.5-Instruct (hermes)", "Llama-3.1/3.2-Instruct (llama3_json)")
+TOOL_MODELS = ("Qwen2.5-Instruct (its chat template, hermes)",
+               "any other (our own tool prompt, hermes)")
+PROBE_TOOL = {"type": "function", "function": {"name": "inferscale_probe", "parameters": {}}}
 OWN_TOOL_PARSER = "hermes"  # reads the calls of our own tool prompt
 # Our own tool prompt, for a chat template that ignores tools. SmolLM2's SFT data (APIGen)
 # lists the functions as JSON in <tools></tools> and calls them in <tool_call> tags.
@@ -183,9 +187,8 @@ def template_parser(tokenizer: Any) -> str:
 def template_renders_tools(tokenizer: Any) -> bool:
     """Whether the chat template renders ``tools`` at all."""
     probe = [{"role": "user", "content": "probe"}]
-    tool = {"type": "function", "function": {"name": "inferscale_probe", "parameters": {}}}
     try:
-        with_tools = tokenizer.apply_chat_template(probe, tools=[tool], tokenize=False,
+        with_tools = tokenizer.apply_chat_template(probe, tools=[PROBE_TOOL], tokenize=False,
                                                    add_generation_prompt=True)
     except Exception:  # a template that fails on tools has none
         return False

@@ -20,6 +20,7 @@ from inferscale_memory.tools import (
     check_tool_request,
     refuse_without_template,
     template_parser,
+    template_renders_tools,
     tool_prompt,
 )
 
@@ -73,6 +74,43 @@ def test_a_template_without_tools_gets_our_own_tool_prompt_after_the_facts(smol:
         in system
     assert "Weather where Caroline lives?" in question
     assert builder.build(messages, [], None).token_ids == builder.build(messages, []).token_ids
+
+
+# Like Llama 3.1's and 3.2's templates: tools change the system header (they write
+# "Environment: ipython" before the system message) and go into the first user turn.
+HEADER_TOOLS_TEMPLATE = """\
+{{- '<|im_start|>system\\n' }}{%- if tools %}{{- 'Environment: ipython\\n' }}{%- endif %}
+{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] }}
+{%- set rest = messages[1:] %}{%- else %}{%- set rest = messages %}{%- endif %}
+{{- '<|im_end|>\\n' }}
+{%- for message in rest %}
+{{- '<|im_start|>' + message['role'] + '\\n' }}
+{%- if tools and loop.first %}{{- tools | tojson }}{%- endif %}
+{{- message['content'] + '<|im_end|>\\n' }}
+{%- endfor %}
+{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"""
+
+
+def test_a_template_that_puts_tools_before_the_system_message_gets_our_tool_prompt(
+        smol: Any) -> None:
+    import copy
+
+    tokenizer = copy.deepcopy(smol)
+    tokenizer.chat_template = HEADER_TOOLS_TEMPLATE
+    assert template_renders_tools(tokenizer)  # it renders tools, and changes the header:
+    assert "Environment: ipython" in tokenizer.apply_chat_template(
+        [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}],
+        tools=[WEATHER], tokenize=False)
+    builder = PromptBuilder(tokenizer)
+    assert not builder.renders_tools  # so they are ours, after the facts, read by hermes
+    assert (template_parser(tokenizer), builder.tool_parser) == ("llama3_json", "hermes")
+    messages = [{"role": "user", "content": "Weather where Caroline lives?"}]
+    plain = builder.build(messages, [("f1", "Caroline lives in Berlin.")])
+    layout = builder.build(messages, [("f1", "Caroline lives in Berlin.")], [WEATHER])
+    assert layout.token_ids[:layout.memory_end] == plain.token_ids[:plain.memory_end]
+    footer = tokenizer.decode(layout.token_ids[layout.memory_end:])
+    assert "Environment: ipython" not in tokenizer.decode(layout.token_ids)
+    assert footer.split("<|im_end|>")[0].endswith(tool_prompt([WEATHER]))
 
 
 def test_tool_turns_become_text_turns_for_a_template_without_tools(smol: Any) -> None:
