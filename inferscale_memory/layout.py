@@ -28,9 +28,9 @@ from inferscale_memory.tools import (
     OWN_TOOL_PARSER,
     PROBE_TOOL,
     check_tool_calls,
+    format_parser,
     own_template_messages,
     template_messages,
-    template_parser,
     template_renders_tools,
     tool_prompt,
 )
@@ -97,9 +97,11 @@ class PromptBuilder:
     @property
     def tool_parser(self) -> str:
         """vLLM's tool parser for the calls of ``tool_choice="auto"``: the chat template's
-        (:func:`~inferscale_memory.tools.template_parser`) where it renders the tools,
+        (:func:`~inferscale_memory.tools.format_parser`) where it renders the tools,
         else ``"hermes"``, which reads our own tool prompt's calls."""
-        return template_parser(self._tokenizer) if self.renders_tools else OWN_TOOL_PARSER
+        if not self.renders_tools:
+            return OWN_TOOL_PARSER
+        return format_parser(str(self._tokenizer.chat_template))
 
     def build(self, messages: Sequence[dict[str, Any]],
               facts: Sequence[tuple[str, str]],

@@ -172,14 +172,12 @@ def check_tool_request(tools: Any = None, tool_choice: Any = None,
     return request
 
 
-def template_parser(tokenizer: Any) -> str:
-    """vLLM's tool parser for the model's chat template; :data:`OWN_TOOL_PARSER` when the
-    template ignores ``tools`` (the prompt then has our own :func:`tool_prompt`)."""
-    if not template_renders_tools(tokenizer):
-        return OWN_TOOL_PARSER
-    template = str(tokenizer.chat_template)
+def format_parser(chat_template: str) -> str:
+    """vLLM's tool parser for the call format a chat template that renders tools asks for
+    (whether the prompt uses the template's tools or our own :func:`tool_prompt` is
+    :attr:`~inferscale_memory.layout.PromptBuilder.tool_parser`'s decision)."""
     for marker, parser in TEMPLATE_PARSERS:
-        if marker in template:
+        if marker in chat_template:
             return parser
     return "hermes"  # vLLM's generic JSON-in-tags format
 

@@ -18,8 +18,8 @@ from inferscale_memory.tools import (
     OWN_TOOL_PARSER,
     TOOL_MODELS,
     check_tool_request,
+    format_parser,
     refuse_without_template,
-    template_parser,
     template_renders_tools,
     tool_prompt,
 )
@@ -52,9 +52,9 @@ def qwen(smol: Any) -> Any:
 
 
 def test_parsers_are_chosen_from_the_template(smol: Any, qwen: Any) -> None:
-    assert template_parser(qwen) == "hermes"
+    assert PromptBuilder(qwen).tool_parser == "hermes"
     # SmolLM2's template ignores tools: our own prompt, whose calls hermes reads.
-    assert template_parser(smol) == OWN_TOOL_PARSER == "hermes"
+    assert PromptBuilder(smol).tool_parser == OWN_TOOL_PARSER == "hermes"
     message = str(refuse_without_template("SmolLM2-135M-Instruct"))  # tool_parser None
     assert "SmolLM2-135M-Instruct" in message and all(m in message for m in TOOL_MODELS)
 
@@ -103,7 +103,8 @@ def test_a_template_that_puts_tools_before_the_system_message_gets_our_tool_prom
         tools=[WEATHER], tokenize=False)
     builder = PromptBuilder(tokenizer)
     assert not builder.renders_tools  # so they are ours, after the facts, read by hermes
-    assert (template_parser(tokenizer), builder.tool_parser) == ("llama3_json", "hermes")
+    assert (format_parser(tokenizer.chat_template), builder.tool_parser) == (
+        "llama3_json", "hermes")
     messages = [{"role": "user", "content": "Weather where Caroline lives?"}]
     plain = builder.build(messages, [("f1", "Caroline lives in Berlin.")])
     layout = builder.build(messages, [("f1", "Caroline lives in Berlin.")], [WEATHER])
@@ -132,7 +133,7 @@ def test_tool_turns_become_text_turns_for_a_template_without_tools(smol: Any) ->
 
 
 def test_our_tool_prompts_calls_are_read_by_hermes_one_or_a_list(smol: Any) -> None:
-    request = check_tool_request([WEATHER], "auto", parser=template_parser(smol))
+    request = check_tool_request([WEATHER], "auto", parser=PromptBuilder(smol).tool_parser)
     assert request is not None
     one = '<tool_call>{"name": "get_weather", "arguments": {"city": "Berlin"}}</tool_call>'
     listed = '<tool_call>[{"name": "get_weather", "arguments": {"city": "Berlin"}}, ' \
