@@ -18,6 +18,8 @@ from typing import Any
 
 from mem0.configs import prompts as mem0_prompts
 
+from inferscale_memory.layout import PromptBuilder
+
 # Our own short instructions for the same task and the same JSON as Mem0's prompt (no
 # example fact: a small model copies it).
 COMPACT_EXTRACTION_PROMPT = """\
@@ -72,7 +74,7 @@ def fit_extraction(messages: Sequence[dict[str, Any]],
 
     Args:
         messages: Mem0's extraction call (:func:`is_extraction`).
-        count_tokens: The prompt's length in the model's tokens (its chat template).
+        count_tokens: The prompt's length in the model's tokens (:func:`prompt_tokens`).
         limit: Tokens the prompt may take.
     """
     messages = [dict(m) for m in messages]
@@ -83,7 +85,7 @@ def fit_extraction(messages: Sequence[dict[str, Any]],
     return messages
 
 
-def template_tokens(tokenizer: Any, messages: list[dict[str, Any]]) -> int:
-    """The length of ``messages`` in tokens, as the model's chat template lays them out."""
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+def prompt_tokens(builder: PromptBuilder, messages: list[dict[str, Any]]) -> int:
+    """The length of ``messages`` in tokens as the engine sends them without memory: the
+    builder's layout (the chat template around the engine's own system preamble)."""
+    return len(builder.build(messages, []).token_ids)

@@ -30,7 +30,7 @@ from mem0_inferscale.extraction import (
     EXTRACTION_FORMAT,
     fit_extraction,
     is_extraction,
-    template_tokens,
+    prompt_tokens,
 )
 
 PROVIDER = "inferscale"
@@ -104,8 +104,8 @@ class InferScaleLLM(LLMBase):
                                for c in result.tool_calls]}
 
     def count_tokens(self, messages: list[dict[str, Any]]) -> int:
-        """The length of ``messages`` in the engine's tokens (its chat template)."""
-        return template_tokens(self.engine.tokenizer, messages)
+        """The length of ``messages`` in the engine's tokens, as the engine sends them."""
+        return prompt_tokens(self.engine.builder, messages)
 
 
 def llm_config(engine: MemoryEngine, **settings: Any) -> LlmConfig:

@@ -14,13 +14,14 @@ from mem0.configs.prompts import (
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from inferscale_memory import MemoryConfig
+from inferscale_memory.layout import PromptBuilder
 from inferscale_memory.models import resolve_model
 from mem0_inferscale import InferScaleLLM, InferScaleLlmConfig
 from mem0_inferscale.extraction import (
     COMPACT_EXTRACTION_PROMPT,
     fit_extraction,
     is_extraction,
-    template_tokens,
+    prompt_tokens,
 )
 from mem0_inferscale.llm import llm_config
 
@@ -44,7 +45,7 @@ def mem0_messages(system: str = ADDITIVE_EXTRACTION_PROMPT) -> list[dict[str, st
 def test_mem0s_prompt_is_replaced_only_where_it_does_not_fit(
         tokenizer: PreTrainedTokenizerBase) -> None:
     messages = mem0_messages()
-    count = lambda m: template_tokens(tokenizer, m)  # noqa: E731
+    count = lambda m: prompt_tokens(PromptBuilder(tokenizer), m)  # noqa: E731
     assert count(messages) + ANSWER > CONTEXT  # Mem0 2.2.1's prompt: too long for SmolLM2
 
     fitted = fit_extraction(messages, count, CONTEXT - ANSWER)
@@ -60,7 +61,8 @@ def test_mem0s_prompt_is_replaced_only_where_it_does_not_fit(
 def test_an_agents_extraction_keeps_mem0s_agent_suffix(
         tokenizer: PreTrainedTokenizerBase) -> None:
     messages = mem0_messages(ADDITIVE_EXTRACTION_PROMPT + AGENT_CONTEXT_SUFFIX)
-    fitted = fit_extraction(messages, lambda m: template_tokens(tokenizer, m), CONTEXT)
+    fitted = fit_extraction(messages, lambda m: prompt_tokens(PromptBuilder(tokenizer), m),
+                            CONTEXT)
     assert fitted[0]["content"] == COMPACT_EXTRACTION_PROMPT + AGENT_CONTEXT_SUFFIX
 
 

@@ -104,6 +104,11 @@ def test_mem0_llm_runs_on_the_engine_with_response_format(memory: Memory) -> Non
         {"role": "system", "content": "Answer in one word."},
         {"role": "user", "content": "What colour is the sky?"}])
     assert isinstance(reply, str) and reply
+    # The extraction's fit check counts the prompt the engine really sends (its preamble too).
+    asked = [{"role": "system", "content": "Answer in one word."},
+             {"role": "user", "content": "What colour is the sky?"}]
+    sent = memory.llm.engine.chat(asked, memory=False, max_tokens=1)
+    assert memory.llm.count_tokens(asked) == sent.metrics.prompt_tokens
     # response_format reaches the engine's guided decoding: JSON of the schema, even at 135M.
     schema = {"type": "object", "properties": {"colour": {"enum": ["blue", "grey"]}},
               "required": ["colour"], "additionalProperties": False}
