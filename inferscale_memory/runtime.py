@@ -61,9 +61,14 @@ class Delta:
 class VllmRuntime:
     """vLLM's async engine with the connector, on a private event loop thread."""
 
-    def __init__(self, model_path: Path, config: MemoryConfig) -> None:
+    def __init__(self, model_path: Path, config: MemoryConfig, *, connector: bool = True
+                 ) -> None:
+        """Start vLLM with ``model_path`` and ``config``; ``connector=False`` starts it
+        without the KV connector (plain vLLM with the same arguments: the benchmarks'
+        like-for-like floor), which serves text prompts only."""
         self.model_path = model_path
         self.config = config
+        self.connector = connector
         self.max_model_len = config.max_model_len  # None: the model's, read after start
         self.detokenize = not config.engine_args.get("skip_tokenizer_init", False)
         self._ids = itertools.count()
@@ -117,10 +122,11 @@ class VllmRuntime:
             # 0.32 read this engine-wide, not per request, and only for a named backend
             # (xgrammar: vLLM's default under "auto").
             structured_outputs_config=compact_json_outputs_config(),
-            kv_transfer_config=kv_transfer_config(
-                {"pool_bytes": int(self.config.kv_pool_gb * (1 << 30)),
-                 "host_pool_bytes": int(self.config.kv_host_pool_gb * (1 << 30))}),
         )
+        if self.connector:
+            args["kv_transfer_config"] = kv_transfer_config(
+                {"pool_bytes": int(self.config.kv_pool_gb * (1 << 30)),
+                 "host_pool_bytes": int(self.config.kv_host_pool_gb * (1 << 30))})
         args.update(self.config.engine_args)
         lifeline.mark_owner()  # vLLM's processes end with this one (inferscale_memory.lifeline)
         return start_async_llm(args, start_environment(self.config.kv_cache_gb))
@@ -188,6 +194,13 @@ class VllmRuntime:
         finally:
             if not self._closed:
                 await self.call(close())
+
+    @property
+    def engine_settings(self) -> dict[str, Any]:
+        """The scheduler and graph settings vLLM resolved for this engine."""
+        from inferscale_memory.connector.compat import scheduler_settings
+
+        return scheduler_settings(self._llm.vllm_config)
 
     @property
     def block_size(self) -> int:

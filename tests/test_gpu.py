@@ -149,3 +149,40 @@ def test_fused_kernel_matches_the_portable_path_on_cuda() -> None:
                           text=True, cwd=Path(__file__).resolve().parents[1], timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     print(done.stdout)
+
+
+STAGE_CHECK = """
+import numpy as np
+import torch
+from inferscale_memory.kv.rope import RotaryShift
+from inferscale_memory.kv.staging import HostStage
+
+stage = HostStage(torch.device("cuda"), capacity=8)
+assert stage.pinned
+outs, wants = [], []
+for n in (3, 8, 5, 20, 7):  # grows three times and reuses its buffer between
+    want = np.arange(3 * n, dtype=np.int64).reshape(3, n) * n
+    outs.append(stage.to_device(want))
+    wants.append(want)
+torch.cuda.synchronize()
+for out, want in zip(outs, wants):  # each result kept its values: none aliases the buffer
+    assert out.is_cuda and out.tolist() == want.tolist()
+assert stage.capacity == 64 and stage.copies == 5
+# a rotation built from device deltas equals the one built from host deltas
+inv = 1.0 / (500000 ** (torch.arange(0, 8, 2, dtype=torch.float32) / 8))
+host = RotaryShift(inv, 8, True)
+device = host.on(torch.device("cuda"))
+deltas = torch.tensor([0, 5, -3, 4000])
+a, b = host.prepare(deltas, torch.device("cuda")), device.rotation(deltas.cuda())
+assert torch.equal(a.cos, b.cos) and torch.equal(a.sin, b.sin) and torch.equal(a.moved, b.moved)
+print("STAGE OK")
+"""
+
+
+def test_load_indices_go_to_the_device_in_one_pinned_copy() -> None:
+    """The load step's index arrays travel through page-locked memory (a pageable copy
+    waits for the whole queued forward pass), and stay valid after the buffer's reuse."""
+    done = subprocess.run([sys.executable, "-c", STAGE_CHECK], capture_output=True,
+                          text=True, cwd=Path(__file__).resolve().parents[1], timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "STAGE OK" in done.stdout

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import tempfile
 from collections.abc import Iterator
@@ -155,6 +156,11 @@ def _add_synthetic(workloads: Any) -> None:
                            help="facts computed at the end on the KV path (default: config)")
     synthetic.add_argument("--connector-timing", action="store_true",
                            help="log the connector's load steps and report their median time")
+    synthetic.add_argument("--engine-args", type=json.loads, default={}, metavar="JSON",
+                           help="extra vLLM engine arguments, e.g. "
+                                "'{\"max_num_seqs\": 128}' (over the library's settings)")
+    synthetic.add_argument("--no-vllm-floor", dest="vllm_floor", action="store_false",
+                           help="skip the like-for-like floor (vLLM again, no connector)")
 
 
 @contextlib.contextmanager
@@ -238,6 +244,7 @@ def _synthetic(args: argparse.Namespace) -> int:
                            connector_timing=args.connector_timing,
                            gpu_memory_utilization=args.gpu_memory_utilization,
                            tensor_parallel_size=args.tensor_parallel_size,
-                           recompute_tail=args.recompute_tail, out=args.out)
+                           recompute_tail=args.recompute_tail, out=args.out,
+                           vllm_floor=args.vllm_floor, engine_args=args.engine_args)
     print(format_report(report))
     return 0

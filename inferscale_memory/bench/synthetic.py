@@ -102,11 +102,11 @@ def _llama_tensors(cfg: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     return sizes
 
 
-def dummy_runtime(folder: Path, **config: Any) -> VllmRuntime:
+def dummy_runtime(folder: Path, connector: bool = True, **config: Any) -> VllmRuntime:
     engine_args = {"load_format": "dummy", "skip_tokenizer_init": True,
                    **config.pop("engine_args", {})}
     return VllmRuntime(folder, MemoryConfig(model=str(folder), engine_args=engine_args,
-                                            **config))
+                                            **config), connector=connector)
 
 
 class SyntheticWorkload:
@@ -181,11 +181,19 @@ class LoadLog:
         return [json.loads(line) for line in lines if line.strip()]
 
 
+PATHS = ("text", "kv", "text_warm", "kv_warm")
+
+
 async def ttft_sweep(work: SyntheticWorkload, ks: list[int], trials: int,
                      loads: LoadLog | None = None,
                      on_point: Callable[[list[dict]], None] | None = None) -> list[dict]:
     """Median and p90 TTFT (ms) per k and path; a different fact set every trial; with
     ``loads``, the median time of the connector's load step of the KV requests.
+
+    Each trial asks two questions about the same facts in the same order, as a user
+    asking twice in a row: the first finds only the header in the prefix cache (cold:
+    ``text``, ``kv``), the second finds the facts there too (warm: ``text_warm``,
+    ``kv_warm``), which is the best a text prompt gets from vLLM's prefix cache.
 
     The (k, trial) pairs run in a shuffled order, so a drift of the machine spreads over
     every k instead of landing on the rows measured last. ``on_point`` gets the rows of
@@ -193,15 +201,17 @@ async def ttft_sweep(work: SyntheticWorkload, ks: list[int], trials: int,
     """
     plan = [k for k in ks for _ in range(trials)]
     work.shuffle(plan)
-    times: dict[int, dict[str, list[float]]] = {k: {"text": [], "kv": []} for k in ks}
+    times: dict[int, dict[str, list[float]]] = {k: {p: [] for p in PATHS} for k in ks}
     load_ms: dict[int, list[float]] = {k: [] for k in ks}
     for k in plan:
-        prompt = work.prompt(work.sample(k))
-        for mode in ("kv", "text"):
-            times[k][mode].append((await work.run(prompt, mode)).ttft_s * 1000)
-            if loads is not None:
-                steps = loads.take()
-                load_ms[k] += [step["ms"] for step in steps if mode == "kv"]
+        facts = work.sample(k)
+        for warm in ("", "_warm"):
+            prompt = work.prompt(facts)  # a new question each time
+            for mode in ("kv", "text"):
+                times[k][mode + warm].append((await work.run(prompt, mode)).ttft_s * 1000)
+                if loads is not None:
+                    steps = loads.take()
+                    load_ms[k] += [step["ms"] for step in steps if mode == "kv" and not warm]
         if on_point is not None:
             on_point(_ttft_rows(ks, times, load_ms))
     return _ttft_rows(ks, times, load_ms)
@@ -209,14 +219,14 @@ async def ttft_sweep(work: SyntheticWorkload, ks: list[int], trials: int,
 
 def _ttft_rows(ks: list[int], times: dict[int, dict[str, list[float]]],
                load_ms: dict[int, list[float]]) -> list[dict]:
-    """One row per k with at least one finished (kv, text) pair."""
+    """One row per k with at least one finished trial (both questions, both paths)."""
     rows = []
     for k in ks:
-        done = min(len(times[k]["kv"]), len(times[k]["text"]))
+        done = min(len(times[k][path]) for path in PATHS)
         if not done:
             continue
         row = {"k": k, "trials": done,
-               **{f"{m}_{stat}_ms": value for m in ("text", "kv")
+               **{f"{m}_{stat}_ms": value for m in PATHS
                   for stat, value in zip(("median", "p90"), _stats(times[k][m][:done]),
                                          strict=True)}}
         if load_ms[k]:
@@ -293,45 +303,131 @@ async def measure_synthetic(work: SyntheticWorkload, shape: str, ks: list[int], 
 def run_synthetic(shape: str, ks: list[int], trials: int, concurrency: int, output_len: int,
                   workdir: Path, connector_timing: bool = False,
                   recompute_tail: int | None = None, out: Path | None = None,
-                  **config: Any) -> dict[str, Any]:
-    """The whole synthetic report: capture rate, TTFT sweep, one-shot throughput.
+                  vllm_floor: bool = True, **config: Any) -> dict[str, Any]:
+    """The whole synthetic report: capture rate, TTFT sweep, one-shot throughput, and
+    (``vllm_floor``) the like-for-like vLLM floor, with the run's environment.
 
     ``connector_timing`` logs the connector's load steps (synchronising the device after
     each, which costs a little TTFT) and reports their median time per k. The KV path
     computes the tail of ``recompute_tail`` (default: the config's,
     i.e. the default quality policy). ``out``: the report's JSON file, rewritten after
     every measured point (see :func:`measure_synthetic`), so a crash keeps what finished.
+    ``vllm_floor`` then starts vLLM again with the same arguments and no connector and
+    times header + question alone (:func:`measure_floor`).
     """
     tail = MemoryConfig.load().recompute_tail if recompute_tail is None else recompute_tail
     loads = None
     if connector_timing:  # the engine's processes inherit the variable
         loads = LoadLog(workdir / "connector-timing.jsonl")
         os.environ[TIMING_ENV] = str(loads.path)
-    runtime = dummy_runtime(write_dummy_model(workdir / shape, shape), **config)
+    folder = write_dummy_model(workdir / shape, shape)
+    vocab = int(SHAPES[shape]["vocab_size"])
+    save = None if out is None else functools.partial(write_json, out)
+    runtime = dummy_runtime(folder, **dict(config))
     try:
-        vocab = int(SHAPES[shape]["vocab_size"])
         work = SyntheticWorkload(runtime, vocab, recompute_tail=tail)
-        save = None if out is None else functools.partial(write_json, out)
-        return runtime.run(measure_synthetic(work, shape, ks, trials, concurrency,
-                                             output_len, tail, loads, save))
+        report = runtime.run(measure_synthetic(work, shape, ks, trials, concurrency,
+                                               output_len, tail, loads, save))
+        report["environment"] = run_environment(runtime)
     finally:
         runtime.close()
         os.environ.pop(TIMING_ENV, None)
+    if save is not None:
+        save(report)
+    if vllm_floor:
+        plain = dummy_runtime(folder, connector=False, **dict(config))
+        try:
+            report["vllm_floor"] = plain.run(measure_floor(
+                SyntheticWorkload(plain, vocab), trials=max(trials, 10)))
+            report["vllm_floor"]["engine_settings"] = plain.engine_settings
+        finally:
+            plain.close()
+        if save is not None:
+            save(report)
+    return report
+
+
+async def measure_floor(work: SyntheticWorkload, trials: int) -> dict[str, Any]:
+    """TTFT of header + question alone on the text path (baseline (a) of the design's
+    "Measuring": on an engine without the connector, vLLM's own floor)."""
+    for _ in range(2):  # warm-up
+        await work.run(work.prompt([]), "text")
+    times = [(await work.run(work.prompt([]), "text")).ttft_s * 1000 for _ in range(trials)]
+    median, p90 = _stats(times)
+    return {"trials": trials, "median_ms": median, "p90_ms": p90}
+
+
+def run_environment(runtime: VllmRuntime) -> dict[str, Any]:
+    """What a run's numbers depend on beyond the code: versions, devices, the commit and
+    the engine's resolved settings (hosts move the floor by several ms)."""
+    import platform
+    import subprocess
+
+    import torch
+
+    from inferscale_memory.connector.compat import vllm_version
+
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True, check=False).stdout.strip() or None
+    return {
+        "vllm": vllm_version(), "torch": torch.__version__,
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        "cpu": _cpu_model() or platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(), "commit": commit,
+        "engine_args": runtime.config.engine_args,
+        "engine_settings": runtime.engine_settings,
+    }
+
+
+def _cpu_model() -> str | None:
+    try:
+        with open("/proc/cpuinfo") as info:
+            for line in info:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
 
 
 def format_report(report: dict[str, Any]) -> str:
+    """The report as Markdown: TTFT per k (cold and warm), throughput, and the floors."""
     lines = [f"shape {report['shape']}: capture {report['capture_facts_per_s']:.0f} facts/s; "
              f"the KV path computes a tail of {report.get('recompute_tail', 0)} facts",
              "| k | text TTFT median (p90) ms | KV TTFT median (p90) ms | KV / text "
-             "| connector load ms |",
-             "|---|---|---|---|---|"]
+             "| warm: text / KV ms | KV / best text | connector load ms |",
+             "|---|---|---|---|---|---|---|"]
     for r in report["ttft"]:
         load = f"{r['load_median_ms']:.2f}" if "load_median_ms" in r else "-"
+        warm = best = "-"
+        if "text_warm_median_ms" in r:
+            warm = f"{r['text_warm_median_ms']:.1f} / {r['kv_warm_median_ms']:.1f}"
+            best = f"{r['kv_median_ms'] / min(r['text_median_ms'], r['text_warm_median_ms']):.2f}"
         lines.append(f"| {r['k']} | {r['text_median_ms']:.1f} ({r['text_p90_ms']:.1f}) | "
                      f"{r['kv_median_ms']:.1f} ({r['kv_p90_ms']:.1f}) | "
-                     f"{r['kv_median_ms'] / r['text_median_ms']:.2f} | {load} |")
+                     f"{r['kv_median_ms'] / r['text_median_ms']:.2f} | {warm} | {best} | "
+                     f"{load} |")
     t = report["throughput"]
     lines.append(f"throughput, {t['concurrency']} requests at once, k={t['k']}, "
                  f"{t['output_len']} output tokens: text {t['text']['requests_per_s']:.1f} "
                  f"req/s, kv {t['kv']['requests_per_s']:.1f} req/s")
+    lines += _floor_lines(report)
     return "\n".join(lines)
+
+
+def _floor_lines(report: dict[str, Any]) -> list[str]:
+    """Our floor (the text path at k=0) against vLLM's without the connector, and the KV
+    path against our floor."""
+    floor = report.get("vllm_floor")
+    ours = next((r for r in report["ttft"] if r["k"] == 0), None)
+    if ours is None:
+        return []
+    lines = []
+    if floor is not None:
+        lines.append(f"vLLM floor without the connector (header + question): "
+                     f"{floor['median_ms']:.1f} ms; ours (text, k=0) {ours['text_median_ms']:.1f}"
+                     f" ms = {ours['text_median_ms'] / floor['median_ms']:.2f}x")
+    lines.append("KV TTFT / our floor: " + ", ".join(
+        f"k={r['k']} {r['kv_median_ms'] / ours['text_median_ms']:.2f}x"
+        for r in report["ttft"]))
+    return lines

@@ -81,12 +81,40 @@ def start_async_llm(engine_args: dict[str, Any], env: Mapping[str, str]) -> Any:
 
     ``env``: variables that vLLM reads while this engine starts, set only for the start
     (see :func:`engine_environment`).
+
+    The engine is configured as ``vllm serve`` configures it: vLLM picks its scheduler
+    limits by usage context and device, and an ``AsyncLLM`` built without one gets the
+    generic 128 sequences and 2,048 batched tokens (so CUDA graphs up to 256 tokens) where
+    ``vllm serve`` on an H100/H200 gets 1,024 and 8,192 (graphs up to 512): prompts of a
+    few hundred tokens then ran eagerly, on the host's time. On the CPU both contexts give
+    the same limits. ``engine_args`` (``max_num_seqs``, ``max_num_batched_tokens``, ...)
+    still override them.
     """
     from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.usage.usage_lib import UsageContext
     from vllm.v1.engine.async_llm import AsyncLLM
 
     with _START_LOCK, engine_environment(env):
-        return AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_args))
+        return AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_args),
+                                         usage_context=UsageContext.OPENAI_API_SERVER)
+
+
+def scheduler_settings(vllm_config: Any) -> dict[str, Any]:
+    """The settings that decide a step's host cost, as the started engine resolved them
+    (recorded by the benchmarks, so that runs on different hosts can be compared)."""
+    compilation = vllm_config.compilation_config
+    sizes = list(getattr(compilation, "cudagraph_capture_sizes", None) or [])
+    return {
+        "max_num_seqs": vllm_config.scheduler_config.max_num_seqs,
+        "max_num_batched_tokens": vllm_config.scheduler_config.max_num_batched_tokens,
+        "enforce_eager": vllm_config.model_config.enforce_eager,
+        "cudagraph_mode": str(getattr(compilation, "cudagraph_mode", None)),
+        "max_cudagraph_size": max(sizes) if sizes else 0,
+        "async_scheduling": bool(getattr(vllm_config.scheduler_config, "async_scheduling",
+                                         False)),
+        "kv_connector": (vllm_config.kv_transfer_config.kv_connector
+                         if vllm_config.kv_transfer_config is not None else None),
+    }
 
 
 def start_environment(kv_cache_gb: int) -> dict[str, str]:

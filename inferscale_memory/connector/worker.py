@@ -26,6 +26,7 @@ from inferscale_memory.kv.fused import FusedInjector
 from inferscale_memory.kv.pool import KVPool, PoolEntry
 from inferscale_memory.kv.rope import RotaryShift
 from inferscale_memory.kv.slab import KVSlab, SlabFullError
+from inferscale_memory.kv.staging import HostStage
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +62,7 @@ class WorkerSide:
         self._index: dict[str, int] = {}
         self._block_size = compat.cache_block_size(vllm_config)
         self._shift: RotaryShift | None = None
+        self._stage: HostStage | None = None  # index arrays' one copy per step
         self._slab: KVSlab | None = None
         self._host: KVSlab | None = None
         self._capture: _Capture | None = None  # this step's captures, layer by layer
@@ -92,7 +94,8 @@ class WorkerSide:
             self._host = KVSlab(len(names), heads, head_dim, first.dtype, "cpu",
                                 capacity=min(4096, host_budget), max_capacity=host_budget,
                                 pin_memory=first.is_cuda)
-        self._shift = RotaryShift.from_rotary_module(compat.model_rotary_module(head_dim))
+        self._shift = RotaryShift.from_rotary_module(
+            compat.model_rotary_module(head_dim)).on(first.device)
         cache_maps = [layer.cache_map for layer in self._layers]
         if fused.available(first.device, first.dtype, self._slab.data.dtype, cache_maps):
             self._fused = FusedInjector([layer.flat for layer in self._layers], cache_maps[0],
@@ -125,10 +128,9 @@ class WorkerSide:
                 self._drop(key)
         batch = self._load_batch(plan.loads)
         if batch is not None:
-            assert self._shift is not None and self._slab is not None
-            device = self._slab.data.device
-            rows, deltas, slots = torch.from_numpy(batch).to(device, non_blocking=True)
-            rotation = self._shift.prepare(torch.from_numpy(batch[1]), device)
+            assert self._shift is not None
+            rows, deltas, slots = self._to_device(batch)  # the step's one copy
+            rotation = self._shift.rotation(deltas) if batch[1].any() else None
             if self._fused is not None:
                 self._fused(self._slab.data, rows, slots, rotation)
             else:
@@ -241,7 +243,8 @@ class WorkerSide:
         if self._capture is None:
             slots = torch.cat([self._slots(op.block_ids, torch.arange(span.start, span.end))
                                for op in plan.captures for span in op.spans])
-            self._capture = _Capture(slots.to(layer.flat.device), [None] * len(self._layers))
+            self._capture = _Capture(self._to_device(slots.numpy()),
+                                     [None] * len(self._layers))
         capture = self._capture
         indices = capture.indices.get(id(layer.cache_map))
         if indices is None:
@@ -273,8 +276,8 @@ class WorkerSide:
         stored = [rows for rows in allocated if rows is not None]
         if not spans:
             return
-        rows = torch.from_numpy(np.concatenate(stored))
-        self._slab.write_rows(rows.to(kv.device), kv[0], kv[1])
+        rows = self._to_device(np.concatenate(stored))
+        self._slab.write_rows(rows, kv[0], kv[1])
         for span_rows, (_, span) in zip(stored, spans, strict=True):
             self._drop(span.key)  # a key captured twice in this step keeps the last copy
             self.pool.put(span.key, PoolEntry(span_rows, span.start,
@@ -299,6 +302,13 @@ class WorkerSide:
             return None
 
     # -- helpers -----------------------------------------------------------------------
+
+    def _to_device(self, array: np.ndarray) -> torch.Tensor:
+        """``array`` on the slab's device, in one copy through page-locked memory."""
+        assert self._slab is not None
+        if self._stage is None:
+            self._stage = HostStage(self._slab.data.device)
+        return self._stage.to_device(array)
 
     def _slots(self, block_ids: list[int], positions: torch.Tensor) -> torch.Tensor:
         size = self._block_size

@@ -12,6 +12,7 @@ is already inside the captured key and is not applied twice.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -59,14 +60,22 @@ class RotaryShift:
         """
         return self.apply(keys, self.prepare(deltas, keys.device))
 
+    def on(self, device: torch.device) -> RotaryShift:
+        """This shift with its frequencies on ``device`` (copied once, not per step)."""
+        return dataclasses.replace(self, inv_freq=self.inv_freq.to(device))
+
     def prepare(self, deltas: torch.Tensor, device: torch.device) -> Rotation | None:
         """The cos/sin of ``deltas``, computed once and applied to every layer."""
-        moved = deltas != 0
-        if not bool(moved.any()):
+        if not bool((deltas != 0).any()):
             return None
-        angles = deltas.to(device, torch.float32)[:, None] * self.inv_freq.to(device)[None, :]
+        return self.rotation(deltas.to(device))
+
+    def rotation(self, deltas: torch.Tensor) -> Rotation:
+        """The rotation of ``deltas`` on their own device, with no look at their values
+        from the host (no device synchronisation): the caller knows some move."""
+        angles = deltas.to(torch.float32)[:, None] * self.inv_freq.to(deltas.device)[None, :]
         # [n, 1, rotary_dim / 2]: broadcast over heads
-        return Rotation(angles.cos()[:, None, :], angles.sin()[:, None, :], moved.to(device))
+        return Rotation(angles.cos()[:, None, :], angles.sin()[:, None, :], deltas != 0)
 
     def apply(self, keys: torch.Tensor, rotation: Rotation | None) -> torch.Tensor:
         """Rotate ``keys`` by a prepared rotation (``None``: nothing moves) into a copy."""

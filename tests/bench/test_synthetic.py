@@ -21,17 +21,20 @@ class Crash(RuntimeError):
 
 
 class FakeWork:
-    """A workload double: TTFT = k ms on the KV path, 3k on the text path; the
-    ``crash_at``-th request after the capture raises (the two warm-up requests count)."""
+    """A workload double: TTFT = k ms on the KV path, 3k on the text path (k on a second
+    question about the same facts: the prefix cache holds them); the ``crash_at``-th
+    request after the capture raises (the two warm-up requests count)."""
 
     def __init__(self, crash_at: int | None = None) -> None:
         self.crash_at, self.requests, self.warm = crash_at, 0, False
+        self.asked: list[tuple[int, ...]] = []
 
     async def capture(self, count: int) -> float:
         return count / 100
 
-    def sample(self, k: int) -> list[int]:
-        return list(range(k))
+    def sample(self, k: int) -> list[int]:  # new facts every trial
+        self.sampled = getattr(self, "sampled", 0) + k
+        return list(range(self.sampled - k, self.sampled))
 
     def shuffle(self, items: list[Any]) -> None:
         items.reverse()
@@ -46,8 +49,11 @@ class FakeWork:
             self.requests += 1
             if self.requests == self.crash_at:
                 raise Crash("engine died")
+        cached = mode == "text" and tuple(prompt.token_ids) in self.asked
+        if mode == "text":
+            self.asked.append(tuple(prompt.token_ids))
         return Completion(token_ids=[0] * max_tokens,
-                          ttft_s=(k if mode == "kv" else 3 * k) / 1000)
+                          ttft_s=(k if mode == "kv" or cached else 3 * k) / 1000)
 
 
 def measure(work: FakeWork, out: Path) -> dict[str, Any]:
@@ -68,15 +74,21 @@ def test_the_report_is_written_after_every_point(tmp_path: Path) -> None:
     assert report["complete"] is True
     assert [(r["k"], r["trials"], r["kv_median_ms"]) for r in report["ttft"]] == [
         (1, 2, 1.0), (2, 2, 2.0)]
+    # the second question about the same facts: the text path finds them cached
+    assert [(r["text_median_ms"], r["text_warm_median_ms"]) for r in report["ttft"]] == [
+        (3.0, 1.0), (6.0, 2.0)]
     assert set(report["throughput"]) >= {"text", "kv"}
-    assert "| 2 | 6.0 (6.0) | 2.0 (2.0) | 0.33 | - |" in format_report(report)
+    # KV / cold text 0.33; KV / the best text (warm) 1.00
+    assert "| 2 | 6.0 (6.0) | 2.0 (2.0) | 0.33 | 2.0 / 2.0 | 1.00 | - |" in format_report(
+        report)
 
 
 def test_a_crash_keeps_the_finished_points(tmp_path: Path) -> None:
     out = tmp_path / "synthetic.json"
-    # 2 warm-up requests, then 4 (k, trial) pairs x 2 paths: the 8th is the third pair's
+    # 2 warm-up requests, then 4 (k, trial) pairs x 2 questions x 2 paths: the 12th is
+    # the third pair's
     with pytest.raises(Crash):
-        measure(FakeWork(crash_at=8), out)
+        measure(FakeWork(crash_at=12), out)
     kept = json.loads(out.read_text())
     assert kept["complete"] is False and kept["capture_facts_per_s"] == 100
     # the shuffled plan runs k=2 twice, then k=1: two finished trials of k = 2
@@ -84,7 +96,7 @@ def test_a_crash_keeps_the_finished_points(tmp_path: Path) -> None:
     assert "throughput" not in kept
     # a crash in the throughput step keeps the whole TTFT sweep and the finished path
     with pytest.raises(Crash):
-        measure(FakeWork(crash_at=2 + 8 + 2 + 1), out)
+        measure(FakeWork(crash_at=2 + 16 + 2 + 1), out)
     kept = json.loads(out.read_text())
     assert [(r["k"], r["trials"]) for r in kept["ttft"]] == [(1, 2), (2, 2)]
     assert set(kept["throughput"]) == {"concurrency", "k", "output_len", "text"}
@@ -119,3 +131,17 @@ def test_the_kv_path_injects_all_but_the_policys_tail() -> None:
     assert prompt.params.user == USER
     assert [(s.key.name, s.start, s.end) for s in prompt.params.inject] == [
         ("header:synthetic", 0, 4), ("2", 4, 7), ("0", 7, 10)]  # fact 1 is the tail
+
+
+def test_the_report_compares_the_kv_path_with_both_floors() -> None:
+    row = {"k": 0, "text_median_ms": 12.0, "text_p90_ms": 13.0, "kv_median_ms": 12.6,
+           "kv_p90_ms": 13.0}
+    report = {"shape": "llama-tiny", "capture_facts_per_s": 100.0, "recompute_tail": 4,
+              "ttft": [row, {**row, "k": 50, "kv_median_ms": 18.0}],
+              "throughput": {"concurrency": 2, "k": 50, "output_len": 4,
+                             "text": {"requests_per_s": 1.0}, "kv": {"requests_per_s": 6.0}},
+              "vllm_floor": {"median_ms": 10.0, "p90_ms": 11.0, "trials": 10}}
+    text = format_report(report)
+    assert "vLLM floor without the connector (header + question): 10.0 ms; " \
+        "ours (text, k=0) 12.0 ms = 1.20x" in text
+    assert "KV TTFT / our floor: k=0 1.05x, k=50 1.50x" in text

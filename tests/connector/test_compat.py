@@ -74,3 +74,32 @@ def test_vllm_runs_our_plugin_that_lets_it_load_its_compile_cache() -> None:
     if before == "True":
         pytest.skip("this torch's artifact has finalize_loading: the patch is not needed")
     assert after == "True", out.stdout + out.stderr
+
+
+def test_the_engine_gets_vllm_serves_settings_unless_engine_args_say_otherwise(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM picks its scheduler limits (and so its CUDA-graph sizes) by usage context: an
+    AsyncLLM built without one gets 128 sequences / 2,048 tokens on an H200, where
+    ``vllm serve`` gets 1,024 / 8,192. The engine is built as ``vllm serve`` builds it.
+    vLLM's engine start is replaced by building its config (no engine starts here)."""
+    from vllm.usage.usage_lib import UsageContext
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    from inferscale_memory.connector.compat import scheduler_settings, start_async_llm
+
+    contexts = []
+
+    def config_only(engine_args: object, usage_context: UsageContext) -> object:
+        contexts.append(usage_context)
+        return engine_args.create_engine_config(usage_context)  # type: ignore[attr-defined]
+
+    monkeypatch.setattr(AsyncLLM, "from_engine_args", config_only)
+    folder = write_dummy_model(tmp_path / "model", "llama-tiny")
+    args = dict(model=str(folder), load_format="dummy", skip_tokenizer_init=True,
+                max_model_len=256)
+    default = scheduler_settings(start_async_llm(args, {KV_SPACE: "1"}))
+    chosen = scheduler_settings(start_async_llm({**args, "max_num_seqs": 7}, {KV_SPACE: "1"}))
+    assert contexts == [UsageContext.OPENAI_API_SERVER] * 2
+    assert default["max_num_seqs"] != 7 and chosen["max_num_seqs"] == 7
+    assert default["kv_connector"] is None
+    assert {"max_num_batched_tokens", "max_cudagraph_size", "cudagraph_mode"} <= set(default)
