@@ -11,6 +11,10 @@ Budgets are token rows of one worker (:mod:`.compat` turns the configured bytes 
 rows). The device budget also covers the captures in flight (reserved when the capture
 is emitted, registered when its request finishes) and the rows of facts deleted in a step
 that a load of the same step still reads.
+
+The scheduler makes room on every capture, so no operation lists the facts held: running
+totals say whether room can be made, and eviction walks the tiers from their cold ends.
+The work per capture grows with the facts it moves, not with the facts held.
 """
 
 from __future__ import annotations
@@ -66,6 +70,8 @@ class FactRegistry:
         self.host: OrderedDict[FactKey, Registered] = OrderedDict()  # demoted, LRU first
         self.device_tokens = 0
         self.host_tokens = 0
+        self._shared_tokens = 0  # device tokens of shared headers (never movable)
+        self._pinned_tokens = 0  # device tokens of pinned facts other than headers
         self.evictions = 0
         self.demotions = 0
         self.promotions = 0
@@ -88,8 +94,7 @@ class FactRegistry:
         """A captured fact, on the device and most recently used; it replaces any older
         registration of ``key`` in either tier."""
         self.forget(key)
-        self.device[key] = entry
-        self.device_tokens += entry.length
+        self._add_to_device(key, entry)
 
     def forget(self, key: FactKey) -> None:
         """Drop ``key`` from both tiers (the workers drop both with it)."""
@@ -116,11 +121,15 @@ class FactRegistry:
 
     def pin(self, keys: Iterable[FactKey]) -> None:
         """Never move these facts until :meth:`end_step`: a load of this step reads them."""
-        self._pinned.update(keys)
+        for key in keys:
+            if key not in self._pinned:
+                self._pinned.add(key)
+                self._pinned_tokens += self._unmovable_length(key)
 
     def end_step(self) -> None:
         """The step's plan is complete: its pins and held tokens no longer count."""
         self._pinned.clear()
+        self._pinned_tokens = 0
         self._held = 0
 
     def reserve(self, tokens: int) -> Room:
@@ -165,8 +174,7 @@ class FactRegistry:
         room = self._make_room(entry.length)
         moves = list(room.moves)
         if room.fits:
-            self.device[key] = entry
-            self.device_tokens += entry.length
+            self._add_to_device(key, entry)
             self.promotions += 1
             moves.append((PROMOTE, key))
         else:
@@ -184,20 +192,39 @@ class FactRegistry:
         headers, pinned facts and captures in flight stay), nothing is moved."""
         if self.budget_tokens is None:
             return Room(True)
-        victims = [key for key in self.device if self._is_movable(key)]
         excess = self.device_tokens + self._reserved + self._held + tokens - self.budget_tokens
-        if excess > sum(self.device[key].length for key in victims):
-            return Room(False)  # moving every victim would not do: none is moved
+        movable = self.device_tokens - self._shared_tokens - self._pinned_tokens
+        if excess > movable:
+            return Room(False)  # moving every movable fact would not do: none is moved
         moves: list[Move] = []
-        for key in victims:
-            if excess <= 0:
-                break
-            excess -= self.device[key].length
+        for key in self._coldest_movable(excess):
             moves.extend(self._demote_or_evict(key))
         return Room(True, tuple(moves))
 
+    def _coldest_movable(self, tokens: int) -> list[FactKey]:
+        """The least recently used movable facts that add up to ``tokens`` or more. The
+        walk from the cold end passes over only the unmovable facts colder than them:
+        shared headers (one per layout) and this step's pins."""
+        victims: list[FactKey] = []
+        total = 0
+        if tokens <= 0:
+            return victims
+        for key, entry in self.device.items():
+            if self._is_movable(key):
+                victims.append(key)
+                total += entry.length
+                if total >= tokens:
+                    break
+        return victims
+
     def _is_movable(self, key: FactKey) -> bool:
         return key.ns != SHARED_NS and key not in self._pinned
+
+    def _unmovable_length(self, key: FactKey) -> int:
+        """The device tokens that pinning ``key`` takes out of reach of eviction (none if
+        it is not on the device, or is a header, which is never movable anyway)."""
+        entry = self.device.get(key)
+        return entry.length if entry is not None and key.ns != SHARED_NS else 0
 
     def _demote_or_evict(self, key: FactKey) -> list[Move]:
         """Move a fact off the device: to the host tier, whose least recently used facts
@@ -223,8 +250,22 @@ class FactRegistry:
         self.evictions += 1
         return (EVICT, key)
 
+    def _add_to_device(self, key: FactKey, entry: Registered) -> None:
+        """Put ``key`` on the device, most recently used (it is on neither tier)."""
+        self.device[key] = entry
+        self._count_on_device(key, entry.length)
+
     def _remove_from_device(self, key: FactKey) -> Registered | None:
         entry = self.device.pop(key, None)
         if entry is not None:
-            self.device_tokens -= entry.length
+            self._count_on_device(key, -entry.length)
         return entry
+
+    def _count_on_device(self, key: FactKey, tokens: int) -> None:
+        """Keep the device totals right when ``tokens`` of ``key`` arrive (or leave,
+        negative): every change of the device tier goes through here."""
+        self.device_tokens += tokens
+        if key.ns == SHARED_NS:
+            self._shared_tokens += tokens
+        elif key in self._pinned:
+            self._pinned_tokens += tokens

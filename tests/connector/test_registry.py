@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections import OrderedDict
+from collections.abc import Iterator
 
 import pytest
 from hypothesis import given, settings
@@ -292,3 +294,103 @@ def test_the_registry_imports_neither_vllm_nor_torch() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout
     assert out.strip() == "[]"
+
+
+# -- work per capture -------------------------------------------------------------------------
+
+
+class CountingDict(OrderedDict[FactKey, Registered]):
+    """An OrderedDict that counts the entries read through it (iteration and lookups);
+    popping, moving and inserting are the moves themselves and are not counted."""
+
+    reads = 0
+
+    def __iter__(self) -> Iterator[FactKey]:
+        for key in super().__iter__():
+            self.reads += 1
+            yield key
+
+    def keys(self) -> Iterator[FactKey]:  # type: ignore[override]
+        return iter(self)
+
+    def items(self) -> Iterator[tuple[FactKey, Registered]]:  # type: ignore[override]
+        return ((key, OrderedDict.__getitem__(self, key)) for key in self)
+
+    def values(self) -> Iterator[Registered]:  # type: ignore[override]
+        return (OrderedDict.__getitem__(self, key) for key in self)
+
+    def __getitem__(self, key: FactKey) -> Registered:
+        self.reads += 1
+        return super().__getitem__(key)
+
+
+def entries_read_per_capture(num_facts: int, host: int | None) -> list[int]:
+    """Entries of the device tier read by each of 20 captures, each of which must move
+    exactly the one least recently used fact, with ``num_facts`` facts held."""
+    keys = [FactKey("alice", f"f{i}") for i in range(num_facts)]
+    reg = registry(num_facts * 4 + 8, host, facts=((HEADER, 8), *((k, 4) for k in keys)))
+    reg.device = counting = CountingDict(reg.device)
+    reads = []
+    for i in range(20):
+        reg.pin([keys[-1]])  # a load of this step: pinned, warm, never visited
+        before = counting.reads
+        room = reg.reserve(4)
+        reads.append(counting.reads - before)
+        assert room.fits and room.moves[-1][1] == keys[i]  # the coldest fact, no other
+        assert len(room.moves) == (1 if host is None or i < host // 4 else 2)
+        reg.release(4)
+        reg.register(FactKey("alice", f"new{i}"), fact(4))
+        reg.end_step()
+    return reads
+
+
+@pytest.mark.parametrize("host", [None, 40])
+def test_making_room_reads_only_the_facts_it_moves(host: int | None) -> None:
+    # The scheduler makes room on every capture: its work must not grow with the facts
+    # held (listing 100,000 facts per capture stalled the engine's scheduler for 51 ms).
+    held_few, held_many = (entries_read_per_capture(n, host) for n in (1_000, 100_000))
+    assert held_many == held_few
+    assert max(held_many) <= 2  # the header colder than the victim, and the victim
+
+
+class FullScanRegistry(FactRegistry):
+    """The policy as first written: list every movable fact, then move the coldest."""
+
+    def _make_room(self, tokens: int) -> Room:
+        if self.budget_tokens is None:
+            return Room(True)
+        victims = [key for key in self.device if self._is_movable(key)]
+        excess = self.device_tokens + self._reserved + self._held + tokens - self.budget_tokens
+        if excess > sum(self.device[key].length for key in victims):
+            return Room(False)
+        moves: list[tuple[str, FactKey]] = []
+        for key in victims:
+            if excess <= 0:
+                break
+            excess -= self.device[key].length
+            moves.extend(self._demote_or_evict(key))
+        return Room(True, tuple(moves))
+
+
+@settings(max_examples=300, deadline=None)
+@given(ops=OPS, budget=st.integers(8, 30), host=st.one_of(st.none(), st.integers(1, 30)))
+def test_the_moves_are_those_of_the_full_scan(
+        ops: list[tuple[str, FactKey, int]], budget: int, host: int | None) -> None:
+    # The workers replay the moves: keeping running totals must not change a single one.
+    fast, scan = FactRegistry(budget, host), FullScanRegistry(budget, host)
+    reserved = 0
+    for op, key, length in ops:
+        if op == "release":
+            length = min(length, reserved)
+        elif op == "promote" and not fast.is_on_host(key):
+            continue
+        args = {"register": (key, fact(length)), "forget": (key,), "delete": (key,),
+                "touch": (key,), "pin": ([key],), "reserve": (length,),
+                "release": (length,), "promote": (key,), "end_step": ()}[op]
+        outcome = getattr(fast, op)(*args)
+        assert outcome == getattr(scan, op)(*args)
+        if op in ("reserve", "release"):
+            reserved += (length if outcome.fits else 0) if op == "reserve" else -length
+        assert list(fast.device.items()) == list(scan.device.items())
+        assert list(fast.host.items()) == list(scan.host.items())
+        assert (fast.device_tokens, fast.host_tokens) == (scan.device_tokens, scan.host_tokens)
