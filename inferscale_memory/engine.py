@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import math
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Sequence
 from typing import Any
@@ -118,6 +119,9 @@ class MemoryEngine:
             memory: ``False`` answers ``user_id`` without their facts (the server's
                 ``memory: "off"``); vLLM's prefix cache is still shared only within that
                 user (without ``user_id``, within one shared anonymous user).
+            timeout: Seconds the whole answer may take (``None``: no limit); past them
+                the request is cancelled and :class:`TimeoutError` raised. Streams count
+                from the call to the last chunk, so a first chunk that comes late fails too.
             **options: ``max_tokens``, ``temperature``, ``stop``, ``logprobs``, ``seed``,
                 ``top_p``, ``top_k``, ``presence_penalty``, ``frequency_penalty``,
                 ``ignore_eos`` (generate exactly ``max_tokens``, for benchmarks); and, in
@@ -167,12 +171,40 @@ class MemoryEngine:
             yield chunk
 
     async def _astream_chat(self, messages: Sequence[dict[str, Any]], *,
-                            user_id: str | None = None, k: int | None = None,
-                            mode: str = "kv", facts: Sequence[Fact | ScoredFact] | None = None,
-                            fact_order: str | None = None, recompute_tail: int | None = None,
-                            memory: bool = True,
-                            **options: Any) -> AsyncGenerator[ChatChunk, None]:
-        """:meth:`astream_chat` on the engine loop. ``facts`` must belong to ``user_id``;
+                            timeout: float | None = None,
+                            **kwargs: Any) -> AsyncGenerator[ChatChunk, None]:
+        """:meth:`_answer` on the engine loop, within ``timeout`` seconds from the call to
+        the last chunk (``None``: no limit); past it, the request is cancelled (vLLM
+        aborts it) and :class:`TimeoutError` raised. Every face of chat (``chat``,
+        ``achat``, ``stream_chat``, ``astream_chat``) takes ``timeout`` through here."""
+        timeout = _check_timeout(timeout)
+        answer = self._answer(messages, **kwargs)
+        if timeout is None:
+            async for chunk in answer:
+                yield chunk
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        try:
+            while True:
+                try:
+                    chunk = await asyncio.wait_for(answer.__anext__(), deadline - loop.time())
+                except StopAsyncIteration:
+                    return
+                except TimeoutError:
+                    raise TimeoutError(f"no answer within {timeout} s (the timeout); the "
+                                       "request was cancelled") from None
+                yield chunk
+        finally:
+            await answer.aclose()
+
+    async def _answer(self, messages: Sequence[dict[str, Any]], *,
+                      user_id: str | None = None, k: int | None = None,
+                      mode: str = "kv", facts: Sequence[Fact | ScoredFact] | None = None,
+                      fact_order: str | None = None, recompute_tail: int | None = None,
+                      memory: bool = True,
+                      **options: Any) -> AsyncGenerator[ChatChunk, None]:
+        """The answer's chunks, on the engine loop. ``facts`` must belong to ``user_id``;
         ``options`` are :func:`~inferscale_memory.options.check_chat`'s (tools included)."""
         start = time.perf_counter()
         request = check_chat(self.config, messages, k=k, mode=mode, memory=memory,
@@ -243,7 +275,7 @@ class MemoryEngine:
 
     def warm(self, user_id: str) -> int:
         """Capture the KV of all of ``user_id``'s facts now (e.g. after a restart)."""
-        facts = self.store.list(user_id=user_id)
+        facts = self.memory.list(user_id=user_id)
         self.runtime.run(self.memory.capture(user_id, facts))
         return len(facts)
 
@@ -265,7 +297,9 @@ class MemoryEngine:
         return self.runtime.healthy
 
     def close(self) -> None:
-        """Stop the engine and close the store."""
+        """Stop the engine and close the store; every later call raises
+        :class:`EngineClosedError`."""
+        self.memory.close()
         self.runtime.close()
         self.store.close()
 
@@ -321,3 +355,14 @@ class MemoryEngine:
                                                            set(missing)))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+
+def _check_timeout(timeout: Any) -> float | None:
+    """``timeout`` as seconds, or ``None``; a bad value is an :class:`InvalidInputError`."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) \
+            or not math.isfinite(timeout) or timeout <= 0:
+        raise InvalidInputError(f"timeout must be a positive number of seconds or None; "
+                                f"got {timeout!r}")
+    return float(timeout)

@@ -15,7 +15,7 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, overload
 
-from inferscale_memory.errors import InvalidInputError
+from inferscale_memory.errors import EngineClosedError, InvalidInputError, StoreError
 from inferscale_memory.layout import prompt_contexts
 from inferscale_memory.store import Fact, MemoryStore, ScoredFact
 
@@ -30,13 +30,21 @@ class EngineMemory:
     """Mem0-style fact operations whose KV lives in the engine.
 
     ``config`` is the engine's (:attr:`MemoryEngine.config` keeps it current): its
-    ``capture_context`` and ``max_fact_tokens`` are read at each call.
+    ``capture_context`` and ``max_fact_tokens`` are read at each call. Once the engine
+    is closed (:meth:`close`), every call raises
+    :class:`~inferscale_memory.EngineClosedError`, reads included.
     """
 
     def __init__(self, store: MemoryStore, fact_kv: FactKV, config: MemoryConfig) -> None:
         self.store = store
         self.fact_kv = fact_kv
         self.config = config
+        self._closed = False
+
+    def close(self) -> None:
+        """Refuse every later call: the engine closes the store next (called by
+        :meth:`MemoryEngine.close`)."""
+        self._closed = True
 
     @overload
     def add(self, text: str, *, user_id: str, metadata: dict[str, Any] | None = None) -> Fact: ...
@@ -53,16 +61,16 @@ class EngineMemory:
         return self.fact_kv.runtime.run(self._aadd(text, user_id=user_id, metadata=metadata))
 
     def get(self, fact_id: str, *, user_id: str) -> Fact:
-        return self.store.get(fact_id, user_id=user_id)
+        return self._read(self.store.get, fact_id, user_id=user_id)
 
     def list(self, *, user_id: str) -> list[Fact]:
-        return self.store.list(user_id=user_id)
+        return self._read(self.store.list, user_id=user_id)
 
     def search(self, query: str, *, user_id: str, k: int = 10) -> list[ScoredFact]:
-        return self.store.search(query, user_id=user_id, k=k)
+        return self._read(self.store.search, query, user_id=user_id, k=k)
 
     def history(self, fact_id: str, *, user_id: str) -> list[dict[str, Any]]:
-        return self.store.history(fact_id, user_id=user_id)
+        return self._read(self.store.history, fact_id, user_id=user_id)
 
     def update(self, fact_id: str, text: str, *, user_id: str,
                metadata: dict[str, Any] | None = None) -> Fact:
@@ -104,6 +112,21 @@ class EngineMemory:
 
     async def _call(self, coro: Any) -> Any:
         return await self.fact_kv.runtime.call(coro)
+
+    def _read(self, func: Any, *args: Any, **kwargs: Any) -> Any:
+        """A read of the store, which the engine's close also closes: then (or if the close
+        lands during the read) the engine's error, not the store's, which would point the
+        caller to a new MemoryStore instead of a new MemoryEngine."""
+        self._check_open()
+        try:
+            return func(*args, **kwargs)
+        except StoreError:
+            self._check_open()
+            raise
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise EngineClosedError("the engine is closed; start a new MemoryEngine")
 
     # -- the same on the engine loop --------------------------------------------------------
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from inferscale_memory import (
@@ -225,6 +227,37 @@ def test_streaming_yields_the_same_answer(engine: MemoryEngine) -> None:
     assert "".join(c.text for c in chunks) == final.text
     assert final.text == engine.chat(ask("What colour is Priya's bike?"), user_id="stream",
                                      max_tokens=12).text
+
+
+async def test_a_timeout_covers_the_first_chunk_and_the_whole_stream(
+        engine: MemoryEngine) -> None:
+    engine.memory.add("Tess paints lighthouses.", user_id="timeout")
+    question = ask("What does Tess paint?")
+    options = dict(user_id="timeout", max_tokens=64, ignore_eos=True)
+    late = pytest.raises(TimeoutError, match=r"no answer within 0.001 s")
+    with late:
+        engine.chat(question, timeout=0.001, **options)  # type: ignore[arg-type]
+    with late:
+        await engine.achat(question, timeout=0.001, **options)
+    with late:  # no first chunk comes in time
+        next(engine.stream_chat(question, timeout=0.001, **options))
+    with late:
+        [c async for c in engine.astream_chat(question, timeout=0.001, **options)]
+    # A first chunk in time, then a slow reader: the rest of the stream is past the limit.
+    chunks = engine.stream_chat(question, timeout=3, **options)
+    assert next(chunks).result is None
+    time.sleep(3)
+    with pytest.raises(TimeoutError, match=r"no answer within 3.0 s"):
+        list(chunks)
+    deadline = time.monotonic() + 10  # every timed-out request was aborted in vLLM
+    while engine.runtime.unfinished_requests() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert engine.runtime.unfinished_requests() == 0
+    whole = engine.chat(question, timeout=120, **options)  # type: ignore[arg-type]
+    assert whole.metrics.output_tokens == 64
+    for bad in (0, -1, True, "5", float("nan")):
+        with pytest.raises(InvalidInputError, match="timeout"):
+            engine.chat(question, timeout=bad, **options)  # type: ignore[arg-type]
 
 
 async def test_a_user_without_facts_is_answered_without_memory(engine: MemoryEngine) -> None:

@@ -4,8 +4,9 @@ engine refuses every call at once with a typed error, losing nothing."""
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,20 @@ def test_async_api_answers_on_a_foreign_idle_loop(engine: MemoryEngine) -> None:
     assert engine.memory.list(user_id=user) == []
 
 
+def framework_calls(engine: MemoryEngine) -> dict[str, Callable[[], Any]]:
+    """The LangChain adapter's sync calls on ``engine`` (retrieval first, so a closed
+    engine is first met through its store), where the adapter is installed."""
+    if importlib.util.find_spec("langchain_inferscale") is None:
+        return {}
+    from langchain_inferscale import ChatInferScale, InferScaleRetriever
+
+    model = ChatInferScale(engine=engine, user_id="closed", max_tokens=4)
+    retriever = InferScaleRetriever(engine=engine, user_id="closed")
+    return {"ChatInferScale.invoke": lambda: model.invoke("When does Ada sail?"),
+            "ChatInferScale.stream": lambda: list(model.stream("When does Ada sail?")),
+            "InferScaleRetriever.invoke": lambda: retriever.invoke("When does Ada sail?")}
+
+
 def test_a_closed_engine_refuses_every_call_at_once(tmp_path: Path) -> None:
     path = tmp_path / "memory.sqlite"
     with MemoryEngine(store_path=str(path), kv_cache_gb=1, max_model_len=1024) as engine:
@@ -58,6 +73,13 @@ def test_a_closed_engine_refuses_every_call_at_once(tmp_path: Path) -> None:
         "delete": lambda: engine.memory.delete(fact.id, user_id="closed"),
         "achat": lambda: on_idle_loop(engine.achat(question, user_id="closed")),
         "aadd": lambda: on_idle_loop(engine.memory.aadd("Ada sails far.", user_id="closed")),
+        # Reads too: the store closed with the engine, but the fix is a new engine.
+        "search": lambda: engine.memory.search("sail", user_id="closed"),
+        "list": lambda: engine.memory.list(user_id="closed"),
+        "get": lambda: engine.memory.get(fact.id, user_id="closed"),
+        "history": lambda: engine.memory.history(fact.id, user_id="closed"),
+        "warm": lambda: engine.warm("closed"),
+        **framework_calls(engine),
     }
     for name, call in calls.items():
         start = time.monotonic()

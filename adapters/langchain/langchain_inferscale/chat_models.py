@@ -40,7 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from inferscale_memory import ChatChunk, MemoryEngine
 from inferscale_memory import ChatResult as MemoryResult
-from inferscale_memory.integrations import TOOL_KEYS, achat_within, call_arguments, default_engine
+from inferscale_memory.integrations import TOOL_KEYS, call_arguments, default_engine
 from inferscale_memory.tools import TOOL_CHOICES
 from langchain_inferscale.injection import afacts_for, facts_for, without_memory
 
@@ -126,7 +126,8 @@ class ChatInferScale(BaseChatModel):
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     timeout: float | None = None
-    """Seconds a call may take; ``None`` waits."""
+    """Seconds a call may take, streams included (to their last chunk); past them the
+    request is cancelled and ``TimeoutError`` raised. ``None`` waits."""
     max_retries: int = 0
     """LangChain's standard parameter; the engine runs in process, so nothing is retried."""
     api_key: SecretStr | None = None
@@ -187,7 +188,7 @@ class ChatInferScale(BaseChatModel):
                   **kwargs: Any) -> ChatResult:
         engine, request = self._request(messages, stop, kwargs)
         skipped = facts_for(engine, request)
-        result = engine.arun(achat_within(engine, request, self.timeout))
+        result = engine.chat(**request)
         return self._chat_result(engine, result, request["user_id"], skipped)
 
     async def _agenerate(self, messages: list[BaseMessage], stop: list[str] | None = None,
@@ -195,7 +196,7 @@ class ChatInferScale(BaseChatModel):
                          **kwargs: Any) -> ChatResult:
         engine, request = self._request(messages, stop, kwargs)
         skipped = await afacts_for(engine, request)
-        result = await achat_within(engine, request, self.timeout)
+        result = await engine.achat(**request)
         return self._chat_result(engine, result, request["user_id"], skipped)
 
     def _stream(self, messages: list[BaseMessage], stop: list[str] | None = None,
@@ -314,6 +315,8 @@ class ChatInferScale(BaseChatModel):
                    "k": kwargs.get("k", self.k), "mode": kwargs.get("mode", self.mode),
                    **{key: value for key, value in options.items() if value not in (None, [])},
                    **{key: kwargs[key] for key in TOOL_KEYS if kwargs.get(key) is not None}}
+        if self.timeout is not None:
+            request["timeout"] = self.timeout
         return self._engine(), request
 
     def _chat_result(self, engine: MemoryEngine, result: MemoryResult, user_id: str | None,

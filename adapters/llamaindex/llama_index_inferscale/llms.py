@@ -33,6 +33,8 @@ if TYPE_CHECKING:
 # Sampling parameters, as constructor fields and call keywords (checked by the engine).
 SAMPLING = ("temperature", "max_tokens", "seed", "top_p", "top_k", "presence_penalty",
             "frequency_penalty", "stop")
+# Per-call keywords besides sampling and tools, each defaulting to the field of its name.
+CALL_OPTIONS = ("mode", "timeout")
 ROLES = {MessageRole.SYSTEM: "system", MessageRole.USER: "user",
          MessageRole.ASSISTANT: "assistant", MessageRole.DEVELOPER: "system",
          MessageRole.TOOL: "tool"}
@@ -85,6 +87,9 @@ class InferScaleLLM(FunctionCallingLLM):
     presence_penalty: float | None = Field(default=None)
     frequency_penalty: float | None = Field(default=None)
     stop: list[str] | None = Field(default=None)
+    timeout: float | None = Field(default=None, description=(
+        "Seconds a call may take, streams included (to their last chunk); past them the "
+        "request is cancelled and TimeoutError raised. None waits."))
     context_window: int | None = Field(default=None, description=(
         "Reported to LlamaIndex; None: the engine's context (its max_model_len)."))
 
@@ -202,7 +207,7 @@ class InferScaleLLM(FunctionCallingLLM):
     def _request(self, messages: Sequence[ChatMessage],
                  kwargs: dict[str, Any]) -> tuple[MemoryEngine, dict[str, Any]]:
         handed, conversation = _split_memory(messages)
-        options = {key: kwargs.pop(key, getattr(self, key)) for key in (*SAMPLING, "mode")}
+        options = {key: kwargs.pop(key, getattr(self, key)) for key in (*SAMPLING, *CALL_OPTIONS)}
         options.update({key: kwargs.pop(key) for key in TOOL_KEYS if key in kwargs})
         if handed is not None:  # facts from InferScaleMemoryBlock: no retrieval here
             kwargs.pop("user_id", None)
@@ -213,8 +218,9 @@ class InferScaleLLM(FunctionCallingLLM):
             options.update(user_id=kwargs.pop("user_id", self.user_id),
                            k=kwargs.pop("k", self.k))
         if kwargs:
+            known = {*SAMPLING, *TOOL_KEYS, *CALL_OPTIONS, "user_id", "k"}
             raise ValueError(f"InferScaleLLM got unknown call options {sorted(kwargs)}; it "
-                             f"takes {sorted({*SAMPLING, *TOOL_KEYS, 'mode', 'user_id', 'k'})}")
+                             f"takes {sorted(known)}")
         engine = self._engine()
         request = {"messages": conversation,
                    **{key: value for key, value in options.items() if value is not None}}

@@ -118,3 +118,21 @@ def test_context_window_is_the_engines(engine: MemoryEngine) -> None:
                              tool_parser=None)                             # without tools
     assert InferScaleLLM(engine=longer).metadata.context_window == 8192
     assert InferScaleLLM(engine=engine, context_window=1000).metadata.context_window == 1000
+
+
+async def test_a_timeout_covers_every_call_and_stream(engine: MemoryEngine) -> None:
+    engine.memory.add("Otto rows on the lake at dawn.", user_id="li-timeout")
+    llm = InferScaleLLM(engine=engine, user_id="li-timeout", max_tokens=64, timeout=0.001)
+    question = ask("When does Otto row?")
+    late = pytest.raises(TimeoutError, match=r"no answer within 0.001 s")
+    with late:
+        llm.chat(question)
+    with late:
+        await llm.achat(question)
+    with late:  # no first chunk comes in time
+        list(llm.stream_chat(question))
+    with late:
+        [piece async for piece in await llm.astream_chat(question)]
+    with late:  # a per-call timeout overrides the field
+        InferScaleLLM(engine=engine, user_id="li-timeout", max_tokens=64).complete(
+            "When does Otto row?", timeout=0.001)

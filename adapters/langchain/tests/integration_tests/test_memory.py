@@ -111,12 +111,19 @@ def test_agent_run_config_names_the_user(engine: MemoryEngine) -> None:
     assert memory_of(state["messages"][-1])["fact_ids"] == [fact.id]
 
 
-def test_a_timeout_says_what_ran_out(engine: MemoryEngine) -> None:
+async def test_a_timeout_says_what_ran_out(engine: MemoryEngine) -> None:
     engine.memory.add("Otto rows on the lake at dawn.", user_id="lc-timeout")
     model = ChatInferScale(engine=engine, user_id="lc-timeout", max_tokens=64,
                            timeout=0.001)
-    with pytest.raises(TimeoutError, match=r"no answer within 0.001 s"):
+    late = pytest.raises(TimeoutError, match=r"no answer within 0.001 s")
+    with late:
         model.invoke("When does Otto row?")
+    with late:
+        await model.ainvoke("When does Otto row?")
+    with late:  # streams too: no first chunk comes in time
+        list(model.stream("When does Otto row?"))
+    with late:
+        [chunk async for chunk in model.astream("When does Otto row?")]
 
 
 def test_another_users_identical_prompt_is_not_served_from_the_cache(
