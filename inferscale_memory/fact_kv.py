@@ -78,7 +78,8 @@ class FactKV:
         for i in range(0, len(keys), MAX_SPANS):
             params = RequestParams(user_id, self.builder.layout_id,
                                    evict=tuple(keys[i:i + MAX_SPANS]))
-            await self.runtime.control(self.builder.header_ids[:1], params)
+            self.stats.record_report(
+                await self.runtime.control(self.builder.header_ids[:1], params))
 
     async def _capture_one(self, user_id: str, fact: Fact, context: Sequence[str] = ()) -> None:
         token_ids, start, end = self.builder.capture_prompt(fact.text, context)
