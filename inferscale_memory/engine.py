@@ -16,8 +16,10 @@ import contextlib
 import dataclasses
 import logging
 import math
+import sys
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 from inferscale_memory.config import MemoryConfig
@@ -25,6 +27,7 @@ from inferscale_memory.connector.params import RequestParams
 from inferscale_memory.errors import (
     ContextLengthError,
     EngineClosedError,
+    EngineError,
     InvalidInputError,
     UnknownUserError,
 )
@@ -38,6 +41,11 @@ from inferscale_memory.store import Fact, MemoryStore, ScoredFact
 from inferscale_memory.tools import ToolStream
 
 logger = logging.getLogger(__name__)
+# The module name that multiprocessing's spawn gives the main script it runs again in a
+# new process (vLLM spawns its engine processes).
+SPAWNED = "__mp_main__"
+UNGUARDED = ("vLLM's engine process ran your script again and it started another engine: "
+             "put the code that starts MemoryEngine under `if __name__ == \"__main__\":`")
 
 
 class MemoryEngine:
@@ -52,6 +60,7 @@ class MemoryEngine:
 
     def __init__(self, model: str | None = None, *, config: MemoryConfig | None = None,
                  store: MemoryStore | str | None = None, **overrides: Any) -> None:
+        _refuse_spawned_reimport()
         from transformers import AutoTokenizer
 
         from inferscale_memory.embeddings import default_embedder
@@ -77,7 +86,7 @@ class MemoryEngine:
                 store = MemoryStore.from_config(config, default_embedder(config.embedder))
                 undo.callback(store.close)
             self.store = store
-            self.runtime = VllmRuntime(self.model_path, config)
+            self.runtime = _start_runtime(self.model_path, config)
             undo.callback(self.runtime.close)
             self.kv_stats = KVStats()
             self.fact_kv = FactKV(self.runtime, self.builder, self.kv_stats)
@@ -355,6 +364,28 @@ class MemoryEngine:
                                                            set(missing)))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+
+def _refuse_spawned_reimport() -> None:
+    """Fail at once where the engine is being started by a script that vLLM's spawned
+    process re-imports: multiprocessing's spawn runs the main script again, as module
+    ``__mp_main__``, and its top level is starting an engine without the guard."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "<module>" and frame.f_globals.get("__name__") == SPAWNED:
+            raise EngineError(UNGUARDED)
+        frame = frame.f_back  # type: ignore[assignment]
+
+
+def _start_runtime(model_path: Path, config: MemoryConfig) -> VllmRuntime:
+    """Start vLLM; a start that failed because its spawned process re-imported an
+    unguarded script (:func:`_refuse_spawned_reimport` there) says only that."""
+    try:
+        return VllmRuntime(model_path, config)
+    except EngineError as exc:
+        if UNGUARDED in str(exc):
+            raise EngineError(UNGUARDED) from None
+        raise
 
 
 def _check_timeout(timeout: Any) -> float | None:
