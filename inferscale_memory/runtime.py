@@ -369,18 +369,21 @@ def _close_open_runtimes() -> None:
 
 def request_salt(user: str | None, params: RequestParams | None) -> str:
     """The prefix-cache salt of a request: vLLM shares cached blocks only between requests
-    with the same salt, so every request names its user, and its kind.
+    with the same salt, so every request names who sent it, and its kind.
 
     - A request that injects facts: its user and prompt layout (the connector checks it).
       Injected (approximate) blocks are reused only by such requests of that user.
     - A capture or evict request: its user, as ``capture``. Its exact blocks hold the
       user's fact text and are reused only by the user's other captures.
-    - A plain prompt (the text path, memory off): ``user``, or ``""`` (one shared
-      anonymous user) when the request names none.
+    - A plain prompt (the text path, memory off, a user without facts): ``user``. One that
+      names no user has a salt of its own: two callers that name none share nothing (a
+      caller that wants its requests to share blocks names a user, e.g.
+      ``chat(user_id=..., memory=False)``; the server names the API key).
     """
+    import secrets  # only here: the rest of this module needs no randomness
+
     if params is None:
-        return cache_salt(user or "", "text")
+        return cache_salt(user, "text") if user else f"inferscale-own-{secrets.token_hex(20)}"
     if params.inject:
         return cache_salt(params.user, params.layout)
     return cache_salt(params.user, f"capture:{params.layout}")
-

@@ -59,3 +59,13 @@ def test_a_captured_fact_is_not_served_to_another_users_guess(
                           max_tokens=1)
     assert again.metrics.cached_tokens > 0  # her own prompt, repeated, is cached
 
+
+def test_requests_without_a_user_share_no_blocks(engine: MemoryEngine) -> None:
+    """Two callers that name no user are not one anonymous user: a repeat without
+    ``user_id`` is computed again, one that names a user (memory off) is cached."""
+    engine.reset_prefix_cache()
+    asked(engine, memory=False)
+    assert asked(engine, memory=False).metrics.cached_tokens == 0
+    assert asked(engine, mode="text").metrics.cached_tokens == 0
+    asked(engine, user_id="iso-named", memory=False)
+    assert asked(engine, user_id="iso-named", memory=False).metrics.cached_tokens > 0
