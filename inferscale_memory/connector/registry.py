@@ -75,6 +75,9 @@ class FactRegistry:
         self.evictions = 0
         self.demotions = 0
         self.promotions = 0
+        # Bumped by every change of either tier's contents (recency aside): what a caller
+        # derived from get() at an older version may be stale, at this one it is not.
+        self.version = 0
         self._reserved = 0  # tokens of captures in flight: emitted, not yet registered
         self._held = 0  # tokens of facts deleted in this step that a load of it reads
         self._pinned: set[FactKey] = set()  # facts loaded in this step
@@ -101,7 +104,7 @@ class FactRegistry:
         self._remove_from_device(key)
         entry = self.host.pop(key, None)
         if entry is not None:
-            self.host_tokens -= entry.length
+            self._count_on_host(-entry.length)
 
     def delete(self, key: FactKey) -> None:
         """Forget a fact a request deleted. If a load of this step reads it, the workers
@@ -170,7 +173,7 @@ class FactRegistry:
         entry = self.host.pop(key, None)
         if entry is None:
             raise KeyError(f"fact {key} is not on the host tier")
-        self.host_tokens -= entry.length
+        self._count_on_host(-entry.length)
         room = self._make_room(entry.length)
         moves = list(room.moves)
         if room.fits:
@@ -179,7 +182,7 @@ class FactRegistry:
             moves.append((PROMOTE, key))
         else:
             self.host[key] = entry
-            self.host_tokens += entry.length
+            self._count_on_host(entry.length)
             while self.host_tokens > (self.host_budget_tokens or 0) and len(self.host) > 1:
                 moves.append(self._evict_host_lru())
         return Room(room.fits, tuple(moves))
@@ -239,14 +242,14 @@ class FactRegistry:
         while self.host_tokens + entry.length > budget:
             moves.append(self._evict_host_lru())
         self.host[key] = entry
-        self.host_tokens += entry.length
+        self._count_on_host(entry.length)
         self.demotions += 1
         moves.append((DEMOTE, key))
         return moves
 
     def _evict_host_lru(self) -> Move:
         key, entry = self.host.popitem(last=False)
-        self.host_tokens -= entry.length
+        self._count_on_host(-entry.length)
         self.evictions += 1
         return (EVICT, key)
 
@@ -264,8 +267,15 @@ class FactRegistry:
     def _count_on_device(self, key: FactKey, tokens: int) -> None:
         """Keep the device totals right when ``tokens`` of ``key`` arrive (or leave,
         negative): every change of the device tier goes through here."""
+        self.version += 1
         self.device_tokens += tokens
         if key.ns == SHARED_NS:
             self._shared_tokens += tokens
         elif key in self._pinned:
             self._pinned_tokens += tokens
+
+    def _count_on_host(self, tokens: int) -> None:
+        """Keep the host total right when ``tokens`` arrive (or leave, negative): every
+        change of the host tier goes through here."""
+        self.version += 1
+        self.host_tokens += tokens

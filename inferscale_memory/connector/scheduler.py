@@ -13,6 +13,7 @@ span is recomputed, never loaded.
 from __future__ import annotations
 
 import logging
+from bisect import bisect_right
 from typing import Any
 
 from inferscale_memory.connector.params import (
@@ -67,13 +68,14 @@ class SchedulerSide:
     # -- called by vLLM's scheduler, through the connector shim ------------------------
 
     def num_matched_tokens(self, request: RequestLike, num_computed: int) -> int:
-        """Tokens after ``num_computed`` whose KV the workers can load. No side effects
-        beyond memoising the parsed params."""
+        """Tokens after ``num_computed`` whose KV the workers can load. vLLM asks on every
+        step a request waits, so nothing is computed twice: no side effects beyond
+        memoising the parsed params, the spans' digests and the match (until the
+        registry changes)."""
         tracked = self._track(request)
         if tracked.params is None or not tracked.params.inject:
             return 0
-        tracked.plan = self._plan_injection(request, tracked.params)
-        return tracked.plan.claim(num_computed)
+        return self._match(request, tracked).claim(num_computed)
 
     def after_alloc(self, request: RequestLike, block_ids: list[int], num_external: int) -> None:
         """Record the load, capture and evict work of a request that was just scheduled."""
@@ -84,7 +86,7 @@ class SchedulerSide:
         if params is None:
             return
         if params.inject:
-            self._record_injection(request, tracked, params, block_ids, num_external)
+            self._record_injection(request, tracked, block_ids, num_external)
         if params.capture:
             self._track_capture(request, tracked, params, block_ids)
         for key in params.evict:
@@ -187,15 +189,12 @@ class SchedulerSide:
         return body
 
     def _record_injection(self, request: RequestLike, tracked: Tracked,
-                          params: RequestParams, block_ids: list[int],
-                          num_external: int) -> None:
+                          block_ids: list[int], num_external: int) -> None:
         """Plan the load of the KV vLLM let the request claim: pin it for this step,
         promote what is on the host, and mark it recently used."""
         assert tracked.report is not None
-        # As matched just before in the same scheduling pass (the registry only changes
-        # between steps).
-        plan = tracked.plan or self._plan_injection(request, params)
-        tracked.plan = None
+        # As matched just before in the same scheduling pass: vLLM allocated its claim.
+        plan = tracked.plan or self._match(request, tracked)
         tracked.report.missing = [[s.key.ns, s.key.name] for s in plan.missing]
         tracked.report.injected_tokens = num_external
         if num_external > 0:
@@ -258,20 +257,42 @@ class SchedulerSide:
                                  params.evict), message
         return params, None
 
-    def _plan_injection(self, request: RequestLike, params: RequestParams) -> InjectionPlan:
+    def _match(self, request: RequestLike, tracked: Tracked) -> InjectionPlan:
+        """The request's injection plan, matched again only if the registry changed
+        since its last match (a fact evicted, demoted, recaptured or forgotten)."""
+        if tracked.plan is None or tracked.matched_at != self.facts.version:
+            tracked.plan = self._plan_injection(request, tracked)
+            tracked.matched_at = self.facts.version
+        return tracked.plan
+
+    def _plan_injection(self, request: RequestLike, tracked: Tracked) -> InjectionPlan:
+        """Match the inject spans against the registry and the prompt's own tokens, from
+        position 0 to the first span that cannot be loaded (missing, moved, forged or
+        stale: recomputed, never loaded)."""
+        assert tracked.params is not None
         prompt = request.prompt_token_ids or []
         usable: list[Span] = []
         position = 0
-        for span in params.inject:
+        for index, span in enumerate(tracked.params.inject):
             entry = self.facts.get(span.key)
             if (span.start != position or entry is None or entry.length != span.length
-                    or entry.digest != token_digest(prompt[span.start:span.end])):
+                    or entry.digest != self._span_digest(tracked, index, prompt)):
                 break
             usable.append(span)
             position = span.end
-        missing = params.inject[len(usable):]
+        missing = tracked.params.inject[len(usable):]
         # vLLM must compute at least the last prompt token itself.
         return InjectionPlan(tuple(usable), tuple(missing), min(position, len(prompt) - 1))
+
+    @staticmethod
+    def _span_digest(tracked: Tracked, index: int, prompt: list[int]) -> bytes:
+        """The digest of the prompt under inject span ``index``, hashed on first use only."""
+        digest = tracked.digests.get(index)
+        if digest is None:
+            assert tracked.params is not None
+            span = tracked.params.inject[index]
+            digest = tracked.digests[index] = token_digest(prompt[span.start:span.end])
+        return digest
 
     @staticmethod
     def _load_op(req_id: str, block_ids: list[int], plan: InjectionPlan,
@@ -300,10 +321,12 @@ class SchedulerSide:
 
     def _emit_captures(self, req_id: str, track: CaptureTrack, computed_end: int,
                        plan: StepPlan) -> None:
-        ready = [s for s in track.spans if s.end <= computed_end]
-        if not ready:
+        # The spans are in prompt order (parse_params sorts them; they never overlap), so
+        # the ready ones come first: a long prefill is not rescanned on every step.
+        num_ready = bisect_right(track.spans, computed_end, key=lambda span: span.end)
+        if num_ready == 0:
             return
-        track.spans = [s for s in track.spans if s.end > computed_end]
+        ready, track.spans = track.spans[:num_ready], track.spans[num_ready:]
         emitted = []
         for span in ready:
             # The workers overwrite this key's pool entry in this step, but with async

@@ -61,7 +61,7 @@ class CaptureTrack:
     """A request's capture spans, its cache blocks, and the spans already sent to the
     workers (a long prompt is prefilled over several steps)."""
 
-    spans: list[Span]
+    spans: list[Span]  # not yet sent to the workers, in prompt order
     block_ids: list[int]
     emitted: list[Span] = field(default_factory=list)
 
@@ -81,7 +81,11 @@ class Tracked:
 
     params: RequestParams | None  # None: served as a plain prompt
     error: str | None = None  # why its params were refused or cut, for its report
-    plan: InjectionPlan | None = None  # matched, not yet allocated
+    plan: InjectionPlan | None = None  # its latest match, which its allocation claims
+    matched_at: int = -1  # the registry's version when ``plan`` was matched
+    # token_digest of the prompt under each inject span (by index), computed once: the
+    # prompt never changes, and vLLM may ask for a match on every step it waits.
+    digests: dict[int, bytes] = field(default_factory=dict)
     report: Report | None = None  # from its first scheduling on
     capture: CaptureTrack | None = None
     # (key, tokens, cache blocks) of every piece of KV sent to the workers for it.

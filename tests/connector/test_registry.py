@@ -394,3 +394,40 @@ def test_the_moves_are_those_of_the_full_scan(
         assert list(fast.device.items()) == list(scan.device.items())
         assert list(fast.host.items()) == list(scan.host.items())
         assert (fast.device_tokens, fast.host_tokens) == (scan.device_tokens, scan.host_tokens)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ops=OPS, budget=st.integers(8, 30), host=st.one_of(st.none(), st.integers(1, 30)))
+def test_an_unchanged_version_means_unchanged_registrations(
+        ops: list[tuple[str, FactKey, int]], budget: int, host: int | None) -> None:
+    # The scheduler keeps a request's match until the version changes.
+    reg = FactRegistry(budget, host)
+    reserved = 0
+    for op, key, length in ops:
+        before = (reg.version, [reg.get(k) for k in KEYS])
+        if op == "register":
+            reg.register(key, Registered(bytes([length]), length))
+        elif op == "reserve":
+            reserved += length if reg.reserve(length).fits else 0
+        elif op == "release":
+            reg.release(min(length, reserved))
+            reserved -= min(length, reserved)
+        elif op == "promote" and reg.is_on_host(key):
+            reg.promote(key)
+        elif op in ("forget", "delete", "touch"):
+            getattr(reg, op)(key)
+        elif op == "pin":
+            reg.pin([key])
+        elif op == "end_step":
+            reg.end_step()
+        if reg.version == before[0]:
+            assert [reg.get(k) for k in KEYS] == before[1]
+
+
+
+def test_forgetting_a_demoted_fact_changes_the_version() -> None:
+    reg = registry(10, host=20, facts=((A, 6),))
+    reg.reserve(10)  # A demoted
+    version = reg.version
+    reg.forget(A)  # the host tier alone changes
+    assert reg.version > version

@@ -845,3 +845,78 @@ def test_a_refused_recapture_is_not_undone_by_an_earlier_capture_finishing() -> 
     assert A not in side.facts.device and side.facts.device_tokens == len(HEADER_IDS)
     req = inject_request("i", ((HEADER, HEADER_IDS), (A, A_IDS)))
     assert schedule(side, req, [3, 4])[0] == len(HEADER_IDS)  # A is recomputed, not loaded
+
+
+# -- a request's per-fact work is done once ------------------------------------------------
+
+
+@pytest.fixture
+def hashed(monkeypatch: pytest.MonkeyPatch) -> list[list[int]]:
+    """The token spans the scheduler side hashes, through the real token_digest."""
+    from inferscale_memory.connector import params, scheduler
+
+    spans: list[list[int]] = []
+
+    def counting_digest(token_ids: list[int]) -> bytes:
+        spans.append(list(token_ids))
+        return params.token_digest(token_ids)
+
+    monkeypatch.setattr(scheduler, "token_digest", counting_digest)
+    return spans
+
+
+def test_a_request_asked_again_hashes_each_span_once(primed: SchedulerSide,
+                                                     hashed: list[list[int]]) -> None:
+    # vLLM asks again on every step a request waits for blocks, and once more to admit it.
+    req = inject_request("again", ((HEADER, HEADER_IDS), (A, A_IDS), (B, B_IDS)))
+    assert [primed.num_matched_tokens(req, hit) for hit in (0, 0, 16)] == [30, 30, 14]
+    assert hashed == [HEADER_IDS, A_IDS, B_IDS]
+    capture_all(primed, "cap-c", ((HEADER, HEADER_IDS), (C, C_IDS)))  # the registry changes
+    hashed.clear()
+    claimed, plan = schedule(primed, req, [4, 8])
+    assert claimed == 30 and hashed == []  # matched again, its prompt not hashed again
+    assert plan.loads == [LoadOp("again", [4, 8], [(HEADER, 0, 8, 0), (A, 0, 12, 8),
+                                                    (B, 0, 10, 20)])]
+    primed.finished(req)  # what was kept for the request goes with it
+    assert primed.num_matched_tokens(req, 0) == 30 and len(hashed) == 3
+
+
+def test_a_request_asked_again_reads_no_fact_while_the_registry_is_unchanged(
+        primed: SchedulerSide, monkeypatch: pytest.MonkeyPatch) -> None:
+    read: list[FactKey] = []
+    get = primed.facts.get
+    monkeypatch.setattr(primed.facts, "get", lambda key: read.append(key) or get(key))
+    req = inject_request("waits", ((HEADER, HEADER_IDS), (A, A_IDS), (B, B_IDS)))
+    assert primed.num_matched_tokens(req, 0) == 30
+    assert read == [HEADER, A, B]
+    assert [primed.num_matched_tokens(req, 0) for _ in range(5)] == [30] * 5
+    assert read == [HEADER, A, B]
+
+
+def test_a_forged_span_asked_again_is_still_not_claimed(primed: SchedulerSide,
+                                                        hashed: list[list[int]]) -> None:
+    forged_a = [t + 1 for t in A_IDS]  # same key, same length, other tokens
+    req = inject_request("forged", ((HEADER, HEADER_IDS), (A, forged_a), (B, B_IDS)))
+    assert [primed.num_matched_tokens(req, 0) for _ in range(3)] == [8, 8, 8]
+    assert hashed == [HEADER_IDS, forged_a]  # the match stops at A: B is never hashed
+    claimed, plan = schedule(primed, req, [4, 8])
+    assert claimed == 8 and plan.loads[0].pieces == [(HEADER, 0, 8, 0)]
+    assert primed.finished(req)[PARAMS_KEY]["missing"] == [["alice", "fa"], ["alice", "fb"]]
+
+
+@pytest.mark.parametrize("change", ["recaptured", "evicted"])
+def test_a_span_gone_stale_while_its_request_waits_is_not_loaded(
+        primed: SchedulerSide, hashed: list[list[int]], change: str) -> None:
+    req = inject_request("stale", ((HEADER, HEADER_IDS), (A, A_IDS), (B, B_IDS)))
+    assert primed.num_matched_tokens(req, 0) == 30
+    if change == "recaptured":  # the fact's text changed: same key, same length
+        capture_all(primed, "recap", ((HEADER, HEADER_IDS), (A, [t + 1 for t in A_IDS])))
+    else:
+        evict = request("ev", HEADER_IDS[:1], RequestParams("alice", LAYOUT, evict=(A,)))
+        schedule(primed, evict, [9])
+        primed.finished(evict)
+    hashed.clear()
+    claimed, plan = schedule(primed, req, [4, 8])
+    assert claimed == 8 and hashed == []
+    assert plan.loads[0].pieces == [(HEADER, 0, 8, 0)]
+    assert primed.finished(req)[PARAMS_KEY]["missing"] == [["alice", "fa"], ["alice", "fb"]]
