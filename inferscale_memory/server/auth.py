@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,10 +31,25 @@ ALL = "*"
 
 @dataclass(frozen=True)
 class Principal:
-    """Who sent a request: the users it may use (``None``: any, auth disabled or ``*``)."""
+    """Who sent a request: the users it may use (``None``: any, auth disabled or ``*``).
+
+    Attributes:
+        users: The users it may act for; ``None``: every user.
+        authenticated: Whether it showed an API key (``False``: the server has no keys).
+        key_id: Names its API key (a SHA-256 digest of it, never the key); ``""`` without
+            keys: then every caller is one principal (the server binds to localhost).
+    """
 
     users: frozenset[str] | None
     authenticated: bool = True
+    key_id: str = ""
+
+    @property
+    def salt_user(self) -> str:
+        """Whom a chat that names no user is salted for in vLLM's prefix cache: this
+        principal's key, never a value that another key or any user id can give (user ids
+        have no control characters)."""
+        return f"\x00api-key:{self.key_id}"
 
     def allows(self, user: str) -> bool:
         """Whether this principal may read, write or chat as ``user``."""
@@ -68,7 +84,8 @@ class ApiKeys:
         for key, users in mapping.items():
             if not isinstance(key, str) or not key.strip():
                 raise ConfigError("an API key must be a non-empty string")
-            self._keys[_digest(key)] = Principal(_users(users))
+            digest = _digest(key)
+            self._keys[digest] = Principal(_users(users), key_id=digest.hex())
 
     def __len__(self) -> int:
         return len(self._keys)
@@ -127,7 +144,9 @@ def resolve_user(principal: Principal, explicit: str | None, header: str | None)
         The user; ``None`` when none is named and the key is not bound to exactly one.
 
     Raises:
-        APIError: 400 when body and header disagree, 403 when the key may not use it.
+        APIError: 400 when body and header disagree or the user holds a control character
+            (so that no user is salted like :attr:`Principal.salt_user`), 403 when the key
+            may not use it.
     """
     if explicit is not None and header is not None and explicit != header:
         raise APIError(400, f"the request names user {explicit!r} but the {USER_HEADER} "
@@ -135,6 +154,9 @@ def resolve_user(principal: Principal, explicit: str | None, header: str | None)
     user = explicit if explicit is not None else header
     if user is None:
         return principal.only_user
+    if any(unicodedata.category(c) == "Cc" for c in user):  # as the store's user ids
+        raise APIError(400, f"the user {user!r} contains control characters",
+                       param="user", code="invalid_value")
     if not principal.allows(user):
         raise APIError(403, f"this API key may not act for user {user!r}",
                        param="user", code="user_forbidden")

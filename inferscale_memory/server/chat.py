@@ -18,13 +18,14 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
 from inferscale_memory.results import ChatChunk, ChatResult
-from inferscale_memory.server.context import ServerContext, context, request_user
+from inferscale_memory.server.context import ServerContext, context, principal, request_user
 from inferscale_memory.server.errors import (
     APIError,
     ClientDisconnected,
     ErrorResponseDoc,
     sse_error,
 )
+from inferscale_memory.server.request_checks import check_request
 from inferscale_memory.server.schemas import (
     AssistantMessage,
     ChatCompletion,
@@ -61,10 +62,12 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
     ctx.check_model(body.model)
     ctx.check_max_tokens(body.max_tokens, "max_tokens")
     ctx.check_max_tokens(body.max_completion_tokens, "max_completion_tokens")
-    call = _Call.prepare(ctx, body, request_user(request, body.user, required=False))
+    call = _Call.prepare(ctx, body, request_user(request, body.user, required=False),
+                         principal(request).salt_user)
     if body.stream:
         return await call.stream(body)
-    result = await _unless_gone(request, ctx.engine.achat(call.messages, **call.kwargs))
+    result = call.checked(
+        await _unless_gone(request, ctx.engine.achat(call.messages, **call.kwargs)))
     call.observe(result)
     return ChatCompletion(
         id=call.id, created=call.created, model=ctx.model_name,
@@ -80,14 +83,17 @@ async def _unless_gone(request: Request, answer: Coroutine[Any, Any, ChatResult]
     task = asyncio.ensure_future(answer)
     gone = asyncio.ensure_future(_disconnected(request))
     try:
-        await asyncio.wait((task, gone), return_when=asyncio.FIRST_COMPLETED)
+        done, _ = await asyncio.wait((task, gone), return_when=asyncio.FIRST_COMPLETED)
     finally:
         gone.cancel()
         if not task.done():
-            task.cancel()
-    if task.cancelled():
-        raise ClientDisconnected
-    return task.result()
+            task.cancel()  # takes effect at the task's next step: wait for it
+            await asyncio.wait((task,))
+    if task in done:
+        return task.result()
+    if not task.cancelled():
+        task.exception()  # the failure of an answer nobody reads is not logged
+    raise ClientDisconnected
 
 
 async def _disconnected(request: Request) -> None:
@@ -100,7 +106,8 @@ async def _disconnected(request: Request) -> None:
 class _Call:
     """One chat request turned into engine arguments."""
 
-    def __init__(self, ctx: ServerContext, body: ChatCompletionRequest, user: str | None) -> None:
+    def __init__(self, ctx: ServerContext, body: ChatCompletionRequest, user: str | None,
+                 salt_user: str) -> None:
         options = body.memory or MemoryOptions(k=None)
         self.ctx = ctx
         self.id = f"chatcmpl-{uuid.uuid4().hex}"
@@ -110,8 +117,12 @@ class _Call:
         self.k = options.k or ctx.engine.config.k
         self.top_logprobs = (body.top_logprobs or 0) if body.logprobs else None
         self.messages = [m.to_engine() for m in body.messages]
+        self.schema_param = _schema_param(body)
         kwargs: dict[str, Any] = {  # a user without facts yet: the engine answers plainly
-            "user_id": user, "memory": self.mode != "off", "k": options.k,
+            # vLLM's prefix cache is shared within user_id: a chat that names no user is
+            # answered without memory for its API key (auth.Principal.salt_user)
+            "user_id": user if user is not None else salt_user,
+            "memory": self.mode != "off", "k": options.k,
             "mode": "text" if self.mode == "off" else self.mode,
             "fact_order": options.fact_order, "recompute_tail": options.recompute_tail,
             "max_tokens": body.max_completion_tokens or body.max_tokens,
@@ -133,7 +144,7 @@ class _Call:
 
     @classmethod
     def prepare(cls, ctx: ServerContext, body: ChatCompletionRequest,
-                user: str | None) -> _Call:
+                user: str | None, salt_user: str) -> _Call:
         if body.functions:
             raise APIError(400, "functions are not supported by this server; send tools",
                            param="functions", code="unsupported_parameter")
@@ -143,7 +154,21 @@ class _Call:
         if body.stream and body.logprobs:
             raise APIError(400, "logprobs are only supported without stream",
                            param="logprobs", code="unsupported_parameter")
-        return cls(ctx, body, user)
+        check_request(body)
+        return cls(ctx, body, user, salt_user)
+
+    def checked(self, result: ChatResult) -> ChatResult:
+        """``result``, unless vLLM ended it as an error (``finish_reason`` "error": no
+        OpenAI value): a schema its guided decoding could not compile is the client's
+        400, anything else the engine's 500."""
+        if result.finish_reason != "error":
+            return result
+        if self.schema_param is not None:
+            raise APIError(400, f"{self.schema_param}: the engine could not build a grammar "
+                           "from this JSON schema (e.g. a recursive $ref); simplify it",
+                           param=self.schema_param, code="invalid_schema")
+        logger.error("vLLM ended chat %s with an error", self.id)
+        raise APIError(500, "the engine failed the request", type="server_error")
 
     def observe(self, result: ChatResult) -> None:
         self.ctx.metrics.observe_chat(result.metrics, self.mode)
@@ -172,8 +197,13 @@ class _Call:
         pieces = self.ctx.engine.astream_chat(self.messages, **self.kwargs)
         try:
             first = await pieces.__anext__()  # request errors surface here, as a status
+            if first.result is not None:
+                self.checked(first.result)
         except StopAsyncIteration as exc:
             raise APIError(500, "the engine returned no answer", type="server_error") from exc
+        except APIError:
+            await pieces.aclose()  # type: ignore[attr-defined]
+            raise
         return StreamingResponse(self._events(first, pieces, include_usage),
                                  media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache",
@@ -213,6 +243,15 @@ class _Call:
                                     model=self.ctx.model_name, choices=choices, **extra)
         skip = {"memory"} if chunk.memory is None else None
         return f"data: {chunk.model_dump_json(exclude=skip)}\n\n".encode()
+
+
+def _schema_param(body: ChatCompletionRequest) -> str | None:
+    """The parameter whose schema guides decoding (``None``: nothing does)."""
+    if body.response_format is not None and body.response_format.type == "json_schema":
+        return "response_format.json_schema.schema"
+    if body.response_format is not None and body.response_format.type == "json_object":
+        return "response_format"
+    return "tools" if body.tools else None
 
 
 def _message(result: ChatResult) -> AssistantMessage:

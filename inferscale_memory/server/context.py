@@ -84,9 +84,13 @@ def user_header(request: Request) -> str | None:
     its UTF-8 bytes by common clients).
 
     Raises:
-        APIError: 400 when the header is not UTF-8.
+        APIError: 400 when the header is not UTF-8, or sent twice.
     """
-    raw = request.headers.get(USER_HEADER)  # Starlette decodes header bytes as Latin-1
+    found = request.headers.getlist(USER_HEADER)  # Starlette decodes header bytes as Latin-1
+    if len(found) > 1:  # a proxy that reads the other one would disagree
+        raise APIError(400, f"the request has more than one {USER_HEADER} header; send one",
+                       code="multiple_user_headers")
+    raw = found[0] if found else None
     if raw is None or raw.isascii():
         return raw
     try:

@@ -92,7 +92,8 @@ class Authentication:
     """Resolves the ``Authorization: Bearer`` key of ``/v1`` requests to a principal.
 
     The principal goes to ``request.state.principal``; requests without a valid key get a
-    401 before their body is read. Without keys every request is anonymous and allowed.
+    401 before their body is read, and requests with two ``Authorization`` headers a 400.
+    Without keys every request is anonymous and allowed.
 
     Args:
         app: The wrapped ASGI app.
@@ -111,9 +112,12 @@ class Authentication:
         path = scope.get("path", "")
         if self.keys is not None and (path == PROTECTED_PREFIX
                                       or path.startswith(PROTECTED_PREFIX + "/")):
-            header = _header(scope, b"authorization")
+            headers = _headers(scope, b"authorization")
             try:
-                principal = self.keys.authenticate(header)
+                if len(headers) > 1:  # a proxy that reads the other one would disagree
+                    raise APIError(400, "the request has more than one Authorization header; "
+                                   "send one", code="multiple_authorization_headers")
+                principal = self.keys.authenticate(headers[0] if headers else None)
             except APIError as error:
                 await send_error(send, error)
                 return
@@ -190,7 +194,10 @@ def _replay(body: bytes, receive: Receive) -> Receive:
 
 
 def _header(scope: Scope, name: bytes) -> str | None:
-    for key, value in scope.get("headers", ()):
-        if key.lower() == name:
-            return bytes(value).decode("latin-1")
-    return None
+    found = _headers(scope, name)
+    return found[0] if found else None
+
+
+def _headers(scope: Scope, name: bytes) -> list[str]:
+    return [bytes(value).decode("latin-1") for key, value in scope.get("headers", ())
+            if key.lower() == name]

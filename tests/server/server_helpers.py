@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 if TYPE_CHECKING:
     from openai import OpenAI
@@ -12,7 +14,9 @@ if TYPE_CHECKING:
     from inferscale_memory.server import ServerHandle
 
 USER_A, USER_B = "srv-user-a", "srv-user-b"
-KEYS = {"key-admin": "*", "key-a": [USER_A], "key-b": [USER_B]}
+TEAM_1, TEAM_2 = ["srv-team1-a", "srv-team1-b"], ["srv-team2-c", "srv-team2-d"]
+KEYS = {"key-admin": "*", "key-a": [USER_A], "key-b": [USER_B],
+        "key-team1": TEAM_1, "key-team2": TEAM_2}
 TIMEOUT = 120.0
 
 
@@ -42,6 +46,23 @@ def add_facts(server: ServerHandle, user: str, text: str | list[str],
 
 def ask(question: str) -> list[dict[str, str]]:
     return [{"role": "user", "content": question}]
+
+
+def requests_counted(server: ServerHandle) -> dict[tuple[str, str, str], float]:
+    """``inferscale_http_requests_total`` by (route, method, status)."""
+    text = httpx.get(f"{server.url}/metrics").text
+    return {(s.labels["route"], s.labels["method"], s.labels["status"]): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples
+            if s.name == "inferscale_http_requests_total"}
+
+
+def wait_for_count(server: ServerHandle, key: tuple[str, str, str], above: float) -> float:
+    """The count of ``key`` once it exceeds ``above`` (or after 10 s)."""
+    deadline = time.monotonic() + 10
+    while (value := requests_counted(server).get(key, 0)) <= above \
+            and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return value
 
 
 def assert_openai_error(response: httpx.Response, status: int, code: str | None = None) -> None:

@@ -4,6 +4,7 @@ generating 18,000 tokens, and every other chat waited)."""
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -11,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import httpx
 import pytest
-from server_helpers import ask, assert_openai_error, http
+from server_helpers import ask, assert_openai_error, http, requests_counted, wait_for_count
 
 if TYPE_CHECKING:
     from inferscale_memory import MemoryEngine
@@ -71,6 +72,26 @@ def test_a_chat_whose_client_went_away_is_aborted(server: ServerHandle, engine: 
         reply = client.post("/chat/completions", json={
             "model": model, "messages": ask("Hi"), "max_tokens": 2})
     assert reply.status_code == 200, reply.text
+
+
+def test_an_abandoned_chat_is_counted_499_without_a_traceback(
+        server: ServerHandle, engine: MemoryEngine, model: str,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A client that gives up is no server error: it was counted as a 500 with two
+    tracebacks, so any client could fill the 5xx alerts and the log."""
+    caplog.set_level(logging.WARNING)
+    route = "/v1/chat/completions"
+    before = requests_counted(server)
+    body = {"model": model, "messages": ask("Count from one to ten thousand."),
+            "max_tokens": LONG, "ignore_eos": True}
+    give_up_after_the_first_tokens(server, body, engine, stream=False)
+    key = (route, "POST", "499")
+    assert wait_for_count(server, key, before.get(key, 0)) == before.get(key, 0) + 1
+    assert wait_until(lambda: engine.runtime.unfinished_requests() == 0, 10)
+    after = requests_counted(server)
+    assert not [k for k, v in after.items() if k[2].startswith("5") and v > before.get(k, 0)]
+    assert not [r for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR], \
+        caplog.text
 
 
 def test_ignore_eos_generates_max_tokens(server: ServerHandle, model: str) -> None:

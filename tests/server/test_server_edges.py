@@ -10,8 +10,14 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
-from server_helpers import add_facts, ask, assert_openai_error, http
+from server_helpers import (
+    add_facts,
+    ask,
+    assert_openai_error,
+    http,
+    requests_counted,
+    wait_for_count,
+)
 
 if TYPE_CHECKING:
     from inferscale_memory.server import ServerHandle
@@ -19,22 +25,6 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.engine
 
 CHAT = "/v1/chat/completions"
-
-
-def requests_counted(server: ServerHandle) -> dict[tuple[str, str, str], float]:
-    """``inferscale_http_requests_total`` by (route, method, status)."""
-    text = httpx.get(f"{server.url}/metrics").text
-    return {(s.labels["route"], s.labels["method"], s.labels["status"]): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples
-            if s.name == "inferscale_http_requests_total"}
-
-
-def wait_for_count(server: ServerHandle, key: tuple[str, str, str], above: float) -> float:
-    deadline = time.monotonic() + 10
-    while (value := requests_counted(server).get(key, 0)) <= above \
-            and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return value
 
 
 def test_a_client_that_drops_its_upload_is_499_not_500(server: ServerHandle) -> None:
@@ -103,3 +93,27 @@ def test_a_body_with_a_byte_order_mark_is_400(server: ServerHandle, model: str) 
         good = client.post("/chat/completions", content=body[3:],
                            headers={"Content-Type": "application/json"})
     assert good.status_code == 200, good.text
+
+
+@pytest.mark.parametrize("keys", [("key-a", "key-b"), ("key-b", "key-a"),
+                                  ("key-a", "wrong"), ("wrong", "key-admin")],
+                         ids=["a-b", "b-a", "a-wrong", "wrong-admin"])
+def test_two_authorization_headers_are_refused(server: ServerHandle, model: str,
+                                               keys: tuple[str, str]) -> None:
+    """A proxy in front that reads the other header than the server must not be able to
+    disagree with it about who sent the request."""
+    headers = [("Authorization", f"Bearer {key}") for key in keys]
+    with httpx.Client(base_url=f"{server.url}/v1", timeout=60) as client:
+        chat = client.post("/chat/completions", headers=headers, json={
+            "model": model, "messages": ask("Hi"), "max_tokens": 2})
+        listed = client.get("/memories", headers=headers, params={"user_id": "srv-user-a"})
+    for response in (chat, listed):
+        assert_openai_error(response, 400, "multiple_authorization_headers")
+
+
+def test_two_user_headers_are_refused(server: ServerHandle) -> None:
+    with httpx.Client(base_url=f"{server.url}/v1", timeout=60) as client:
+        response = client.get("/memories", headers=[
+            ("Authorization", "Bearer key-admin"), ("X-Memory-User", "srv-user-a"),
+            ("X-Memory-User", "srv-user-b")])
+    assert_openai_error(response, 400, "multiple_user_headers")

@@ -18,6 +18,13 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.engine
 
 GOOD: dict[str, Any] = {"messages": ask("Hi"), "max_tokens": 2}
+
+
+def json_schema(schema: dict[str, Any]) -> dict[str, Any]:
+    """A ``response_format`` asking for JSON valid against ``schema``."""
+    return {"type": "json_schema", "json_schema": {"name": "o", "schema": schema}}
+
+
 BAD_BODIES = [
     ({"max_tokens": "lots"}, "max_tokens"),
     ({"messages": "Hi"}, "messages"),
@@ -46,6 +53,23 @@ BAD_BODIES = [
     ({"top_p": 0}, "top_p"),
     ({"top_k": -1}, "top_k"),
     ({"presence_penalty": 3}, "presence_penalty"),
+    # a schema that admits nothing, or that needs a document from elsewhere: no answer
+    # can conform (it was answered with unconstrained JSON)
+    ({"response_format": json_schema({"type": []})}, "response_format.json_schema.schema"),
+    ({"response_format": json_schema({"type": "object", "properties": {
+        "a": {"$ref": "https://example.com/a.json"}}})}, "response_format.json_schema.schema"),
+    ({"response_format": json_schema({"$ref": "http://example.com/s.json#/x"})},
+     "response_format.json_schema.schema"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"a": {"type": []}}}}}]},
+     "tools.0.function.parameters"),
+    # a tool result that answers no earlier call of the assistant (OpenAI refuses it)
+    ({"messages": [*ask("Hi"), {"role": "tool", "tool_call_id": "call_1", "content": "12"}]},
+     "messages.1.tool_call_id"),
+    ({"messages": [*ask("Hi"), {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "call_2", "content": "12"}]},
+     "messages.2.tool_call_id"),
 ]
 
 
@@ -150,3 +174,20 @@ def test_graceful_shutdown_finishes_in_flight_requests(engine: MemoryEngine,
     assert json.loads(data[-2])["choices"][0]["finish_reason"] in ("stop", "length")
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"{handle.url}/health", timeout=5)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+@pytest.mark.parametrize("schema", [
+    {"$ref": "#"},
+    {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"},
+], ids=["self", "mutual"])
+def test_a_schema_the_engine_cannot_compile_is_400(server: ServerHandle, model: str,
+                                                   schema: dict[str, Any], stream: bool) -> None:
+    """vLLM ends such a request as an error; it was answered 200 with empty content and
+    ``finish_reason: "error"`` (not an OpenAI value)."""
+    with http(server) as client:
+        response = client.post("/chat/completions", json={
+            "model": model, **GOOD, "stream": stream, "response_format": json_schema(schema)})
+        assert_openai_error(response, 400)
+        assert response.json()["error"]["param"] == "response_format.json_schema.schema"
+        assert client.post("/chat/completions", json={"model": model, **GOOD}).status_code == 200
