@@ -338,7 +338,7 @@ def run_synthetic(shape: str, ks: list[int], trials: int, concurrency: int, outp
         plain = dummy_runtime(folder, connector=False, **dict(config))
         try:
             report["vllm_floor"] = plain.run(measure_floor(
-                SyntheticWorkload(plain, vocab), trials=max(trials, 10)))
+                SyntheticWorkload(plain, vocab), trials=max(3 * trials, 30)))
             report["vllm_floor"]["engine_settings"] = plain.engine_settings
         finally:
             plain.close()
