@@ -21,7 +21,8 @@ JSON_TYPES = frozenset({"string", "number", "integer", "boolean", "object", "arr
 ONE_SCHEMA = ("items", "additionalItems", "additionalProperties", "contains", "not", "if",
               "then", "else", "propertyNames", "unevaluatedItems", "unevaluatedProperties")
 SCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems", "items")
-SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas",
+               "dependencies")
 
 
 def check_request(body: ChatCompletionRequest) -> None:
