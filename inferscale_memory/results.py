@@ -129,6 +129,8 @@ class KVStats:
             used), or dropped from the host tier to keep it within ``kv_host_pool_gb``.
         demoted: Facts moved from the device pool to the host tier to make room.
         promoted: Demoted facts an answer named, copied back to the device (host hits).
+        deleted: Facts whose KV a delete (or an update, before its recapture) dropped
+            from the pool; ``pool_tokens`` shows the rows it gave back at once.
         pool_tokens: Token rows the device pool held at the last change.
         budget_tokens: The device pool's budget in token rows (``None``: unbounded).
         host_tokens: Token rows the host tier held at the last change.
@@ -141,6 +143,7 @@ class KVStats:
     evicted: int = 0
     demoted: int = 0
     promoted: int = 0
+    deleted: int = 0
     pool_tokens: int = 0
     budget_tokens: int | None = None
     host_tokens: int = 0
@@ -152,6 +155,7 @@ class KVStats:
         self.evicted += len(report.get("evicted", []))
         self.demoted += len(report.get("demoted", []))
         self.promoted += len(report.get("promoted", []))
+        self.deleted += len(report.get("deleted", []))
         if "pool_tokens" in report:
             self.pool_tokens = int(report["pool_tokens"])
             self.budget_tokens = report.get("budget_tokens")

@@ -83,13 +83,11 @@ def test_ten_times_more_fact_kv_than_the_budget(small_pool: MemoryEngine) -> Non
     assert recomputed >= 1  # facts gone from both tiers were computed from text
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "issue 31, item 6: the connector's report of an evict request names neither the facts "
-    "it dropped nor the pool's tokens (connector/scheduler.py), so kv_stats keeps them "
-    "until the next capture"))
 def test_a_delete_shows_in_the_pool_at_once(small_pool: MemoryEngine) -> None:
+    """Issue 31, item 6: kv_stats (and /metrics) showed a delete only at the next capture."""
     engine = small_pool
     fact = engine.memory.add("Quinn bakes rye bread on Fridays.", user_id="budget-delete")
-    before = engine.kv_stats.pool_tokens
+    before, deleted = engine.kv_stats.pool_tokens, engine.kv_stats.deleted
     engine.memory.delete(fact.id, user_id="budget-delete")
     assert engine.kv_stats.pool_tokens == before - len(engine.builder.fact_ids(fact.text))
+    assert engine.kv_stats.deleted == deleted + 1

@@ -106,14 +106,17 @@ class FactRegistry:
         if entry is not None:
             self._count_on_host(-entry.length)
 
-    def delete(self, key: FactKey) -> None:
-        """Forget a fact a request deleted. If a load of this step reads it, the workers
-        drop it only after the step's loads, but run the step's moves before them: its
-        tokens stay counted until :meth:`end_step`, so that no move is given its rows."""
+    def delete(self, key: FactKey) -> bool:
+        """Forget a fact a request deleted; whether either tier held it. If a load of this
+        step reads it, the workers drop it only after the step's loads, but run the step's
+        moves before them: its tokens stay counted until :meth:`end_step`, so that no move
+        is given its rows."""
         entry = self.device.get(key)
+        held = entry is not None or key in self.host
         if entry is not None and key in self._pinned:
             self._held += entry.length
         self.forget(key)
+        return held
 
     def touch(self, key: FactKey) -> None:
         """Mark a fact on the device most recently used (a request injected it)."""

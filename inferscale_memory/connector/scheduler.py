@@ -90,7 +90,8 @@ class SchedulerSide:
         if params.capture:
             self._track_capture(request, tracked, params, block_ids)
         for key in params.evict:
-            self.facts.delete(key)
+            if self.facts.delete(key):  # reported with the pool's tokens after it
+                tracked.moves.deleted.append(key)
             self._capturer.pop(key, None)
             self._next.evicts.append(key)
 

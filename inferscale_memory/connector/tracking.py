@@ -44,6 +44,7 @@ class Moves:
     evicted: list[FactKey] = field(default_factory=list)  # dropped to make room
     demoted: list[FactKey] = field(default_factory=list)  # moved to the host tier
     promoted: list[FactKey] = field(default_factory=list)  # back from the host tier
+    deleted: list[FactKey] = field(default_factory=list)  # held, dropped by the request
 
     def add(self, moves: tuple[Move, ...]) -> None:
         lists = {EVICT: self.evicted, DEMOTE: self.demoted, PROMOTE: self.promoted}
@@ -53,7 +54,8 @@ class Moves:
     def body(self) -> dict[str, list[list[str]]]:
         return {name: [[key.ns, key.name] for key in keys]
                 for name, keys in (("evicted", self.evicted), ("demoted", self.demoted),
-                                   ("promoted", self.promoted)) if keys}
+                                   ("promoted", self.promoted), ("deleted", self.deleted))
+                if keys}
 
 
 @dataclass

@@ -140,6 +140,8 @@ KV_COUNTERS = (
     ("demoted", "inferscale_kv_demoted_facts", "Facts moved to the host-memory tier"),
     ("promoted", "inferscale_kv_promoted_facts",
      "Facts copied back from the host-memory tier for an answer (host hits)"),
+    ("deleted", "inferscale_kv_deleted_facts",
+     "Facts whose KV a delete or an update dropped from the pool"),
 )
 KV_GAUGES = (
     ("pool_tokens", "inferscale_kv_pool_tokens", "Token rows of fact KV on the device"),

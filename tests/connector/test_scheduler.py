@@ -622,6 +622,23 @@ def test_budget_makes_room_by_evicting_least_recently_used_facts() -> None:
     assert body is not None and body[PARAMS_KEY]["missing"] == [[A.ns, A.name]]
 
 
+def test_an_evict_request_reports_the_facts_it_dropped_and_the_pool_after_it() -> None:
+    side = SchedulerSide(budget_tokens=100)
+    capture_all(side)  # HEADER 8, A 12, B 10
+    assert side.facts.device_tokens == 30
+    req = request("ev", HEADER_IDS[:1], RequestParams("alice", LAYOUT, evict=(A, C)))
+    schedule(side, req, [9])
+    body = side.finished(req)
+    assert body is not None
+    # C was never held: only A is named, and the pool's tokens show its rows given back
+    assert body[PARAMS_KEY]["deleted"] == [[A.ns, A.name]]
+    assert body[PARAMS_KEY]["pool_tokens"] == 18 and body[PARAMS_KEY]["budget_tokens"] == 100
+    again = request("ev2", HEADER_IDS[:1], RequestParams("alice", LAYOUT, evict=(A,)))
+    schedule(side, again, [9])
+    body = side.finished(again)
+    assert body is not None and "deleted" not in body[PARAMS_KEY]
+
+
 def test_injection_refreshes_recency() -> None:
     side = SchedulerSide(budget_tokens=8 + 12 + 10 + 5)
     capture_all(side)  # HEADER, A, B
