@@ -127,7 +127,7 @@ class MemoryEngine:
                 text instead of injecting (``kv`` mode); default ``config.recompute_tail``.
             memory: ``False`` answers ``user_id`` without their facts (the server's
                 ``memory: "off"``); vLLM's prefix cache is still shared only within that
-                user (without ``user_id``, within one shared anonymous user).
+                user (without ``user_id``, with no other call: name a user to share).
             timeout: Seconds the whole answer may take (``None``: no limit); past them
                 the request is cancelled and :class:`TimeoutError` raised. Streams count
                 from the call to the last chunk, so a first chunk that comes late fails too.

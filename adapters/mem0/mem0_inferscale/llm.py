@@ -3,7 +3,8 @@
 Mem0 calls :meth:`InferScaleLLM.generate_response` as it calls any provider's: in 2.2.1,
 ``add(..., infer=True)`` makes one call with its extraction prompt and
 ``response_format={"type": "json_object"}``. The call runs on the engine without memory
-(``engine.chat(..., memory=False)``), ``response_format`` goes to the engine's guided
+(``engine.chat(..., memory=False)``, its prefix cache shared under the config's
+``cache_user``), ``response_format`` goes to the engine's guided
 decoding, and Mem0's extraction call gets two things more (:mod:`.extraction`): the JSON
 schema of the answer Mem0 parses instead of any JSON object, and, when Mem0's prompt does
 not fit the model's context, a compact system prompt of ours. So even SmolLM2-135M (8,192
@@ -37,15 +38,24 @@ PROVIDER = "inferscale"
 
 
 class InferScaleLlmConfig(BaseLlmConfig):
-    """Mem0's LLM settings plus the engine to run on (``model`` is the engine's model)."""
+    """Mem0's LLM settings plus the engine to run on (``model`` is the engine's model).
 
-    def __init__(self, engine: MemoryEngine | None = None, **kwargs: Any) -> None:
+    ``cache_user``: the name under which this LLM's calls share vLLM's prefix cache. The
+    engine keeps calls that name no user apart (a caller must ask to share cached blocks),
+    and Mem0's extraction prompt is long and the same on every call: under one name it is
+    computed once. Give each tenant a config of its own when their extraction inputs must
+    not share cached blocks either.
+    """
+
+    def __init__(self, engine: MemoryEngine | None = None, cache_user: str = "mem0-llm",
+                 **kwargs: Any) -> None:
         if not isinstance(engine, MemoryEngine):
             raise TypeError(f"the {PROVIDER!r} LLM needs engine=<a MemoryEngine>; got "
                             f"{type(engine).__name__}: use mem0_inferscale.mem0_config(engine)")
         kwargs.setdefault("model", engine.model_path.name)
         super().__init__(**kwargs)
         self.engine = engine
+        self.cache_user = cache_user
 
 
 class InferScaleLLM(LLMBase):
@@ -96,7 +106,8 @@ class InferScaleLLM(LLMBase):
             options["response_format"] = response_format
         if tools:
             options.update(tools=tools, tool_choice=tool_choice)
-        result = self.engine.chat(messages, memory=False, **options)
+        result = self.engine.chat(messages, user_id=self.config.cache_user, memory=False,
+                                  **options)
         if not tools:
             return result.text
         return {"content": result.text,

@@ -116,6 +116,14 @@ def test_mem0_llm_runs_on_the_engine_with_response_format(memory: Memory) -> Non
         messages=[{"role": "user", "content": "What colour is the sky?"}],
         response_format={"type": "json_schema", "json_schema": {"name": "c", "schema": schema}})
     assert json.loads(guided)["colour"] in ("blue", "grey")
+    # Its calls share vLLM's prefix cache under one name (calls without a user share
+    # nothing): Mem0's long, fixed extraction prompt is computed once.
+    long_prompt = [{"role": "system", "content": "You extract facts. " * 120},
+                   {"role": "user", "content": "Ann plays the cello."}]
+    memory.llm.generate_response(messages=long_prompt)
+    again = memory.llm.engine.chat(long_prompt, user_id=memory.llm.config.cache_user,
+                                   memory=False, max_tokens=1)
+    assert again.metrics.cached_tokens >= memory.llm.engine.runtime.block_size
     with pytest.raises(InvalidInputError, match="response_format"):
         memory.llm.generate_response(messages=[{"role": "user", "content": "Hi"}],
                                      response_format={"type": "yaml"})
