@@ -11,16 +11,27 @@ A request talks to the connector through ``kv_transfer_params["inferscale"]``::
 ``ns`` is the user that owns the fact, or ``""`` for shared entries (the prompt header,
 whose tokens are the same for everyone). A request may only name its own user's facts
 and shared entries; anything else is refused by :func:`parse_params`.
+
+``capture`` and ``inject`` may also be *packed* (what :meth:`RequestParams.to_dict`
+sends): ``{"names": "hdrf1f2", "spans": bytes}``, the names concatenated and, per span,
+four little-endian int64s ``(shared, start, end, name length)`` (``shared``: 1 for the
+shared namespace, 0 for the request's user). A k-fact request then crosses to the engine
+core as two objects instead of 5k: vLLM checks, deep-copies and encodes every item of
+``extra_args``, in the front end and again in the engine core. Both forms pass the same
+checks (:func:`parse_params`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import operator
+import sys
 from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from itertools import accumulate
+from typing import Any, NamedTuple
 
 PARAMS_KEY = "inferscale"
 SHARED_NS = ""
@@ -32,16 +43,19 @@ class ParamsError(ValueError):
     """``kv_transfer_params`` are malformed or name another user's facts."""
 
 
-@dataclass(frozen=True, order=True)
-class FactKey:
-    """Names one entry of the KV pool: the owning namespace and the fact's name."""
+class FactKey(NamedTuple):
+    """Names one entry of the KV pool: the owning namespace and the fact's name.
+
+    A named tuple, not a dataclass: every dict and set of facts (the registry, the pools,
+    a step's loads) hashes and compares keys, a request of k facts ~10k times, and a
+    tuple does that in C.
+    """
 
     ns: str  # user id, or SHARED_NS for the header
     name: str  # fact id (or "header:<hash>")
 
 
-@dataclass(frozen=True)
-class Span:
+class Span(NamedTuple):
     """Prompt positions ``[start, end)`` that hold the tokens of ``key``."""
 
     key: FactKey
@@ -67,9 +81,9 @@ class RequestParams:
         """The ``kv_transfer_params`` dict that carries these instructions."""
         body: dict[str, Any] = {"user": self.user, "layout": self.layout}
         if self.capture:
-            body["capture"] = [[s.key.ns, s.key.name, s.start, s.end] for s in self.capture]
+            body["capture"] = pack_spans(self.capture)
         if self.inject:
-            body["inject"] = [[s.key.ns, s.key.name, s.start, s.end] for s in self.inject]
+            body["inject"] = pack_spans(self.inject)
         if self.evict:
             body["evict"] = [[k.ns, k.name] for k in self.evict]
         return {PARAMS_KEY: body}
@@ -95,6 +109,19 @@ def token_digest(token_ids: Sequence[int]) -> bytes:
     return hashlib.blake2b(array("q", token_ids).tobytes(), digest_size=16).digest()
 
 
+def pack_spans(spans: Sequence[Span]) -> dict[str, Any]:
+    """The packed form of ``spans`` (see the module docstring): three objects for any
+    number of spans."""
+    index: dict[str, int] = {}
+    rows = array("q")
+    for (ns, name), start, end in spans:
+        rows.extend((index.setdefault(ns, len(index)), start, end, len(name)))
+    if sys.byteorder == "big":
+        rows.byteswap()
+    return {"ns": list(index), "names": "".join(span.key.name for span in spans),
+            "spans": rows.tobytes()}
+
+
 def parse_params(raw: Mapping[str, Any] | None, prompt_len: int) -> RequestParams | None:
     """Validate a request's ``kv_transfer_params``; ``None`` if it has none of ours.
 
@@ -114,9 +141,19 @@ def parse_params(raw: Mapping[str, Any] | None, prompt_len: int) -> RequestParam
         raise ParamsError("'user' must be a non-empty string and 'layout' a string")
     capture = _spans(body.get("capture", []), user, prompt_len, "capture")
     inject = _spans(body.get("inject", []), user, prompt_len, "inject")
-    evict = tuple(_key(item[:2] if isinstance(item, list) else item, user)
-                  for item in _list(body.get("evict", []), "evict"))
+    evict = _keys([item[:2] if isinstance(item, list) else item
+                   for item in _list(body.get("evict", []), "evict")], user)
     return RequestParams(user, layout, capture, inject, evict)
+
+
+class _Columns(NamedTuple):
+    """Spans (or keys) as columns, in either wire form, before any semantic check."""
+
+    namespaces: list[str]  # the distinct namespaces named
+    ns_ids: list[int]  # per span: its index in ``namespaces``
+    names: list[str]
+    starts: list[int]
+    ends: list[int]
 
 
 def _list(value: Any, field: str) -> list[Any]:
@@ -125,41 +162,99 @@ def _list(value: Any, field: str) -> list[Any]:
     return value
 
 
-def _key(item: Any, user: str) -> FactKey:
-    if (not isinstance(item, list) or len(item) != 2
-            or not all(isinstance(x, str) for x in item)):
-        raise ParamsError(f"a fact key must be [namespace, name], got {item!r}")
-    ns, name = item
-    if not name or len(name) > MAX_NAME_CHARS:
+def _columns(items: list[Any], field: str) -> _Columns:
+    """The documented list form's ``[ns, name, start, end]`` items, as columns."""
+    index: dict[str, int] = {}
+    ns_ids, names, starts, ends = [], [], [], []
+    for item in items:
+        if not isinstance(item, list) or len(item) != 4:
+            raise ParamsError(f"a {field} span must be [ns, name, start, end], got {item!r}")
+        ns, name, start, end = item
+        if (isinstance(start, bool) or isinstance(end, bool)
+                or not (isinstance(start, int) and isinstance(end, int))):
+            raise ParamsError("span bounds must be integers")
+        if not (isinstance(ns, str) and isinstance(name, str)):
+            raise ParamsError(f"a fact key must be [namespace, name], got {item[:2]!r}")
+        ns_ids.append(index.setdefault(ns, len(index)))
+        names.append(name)
+        starts.append(start)
+        ends.append(end)
+    return _Columns(list(index), ns_ids, names, starts, ends)
+
+
+def _unpack(value: Mapping[str, Any], field: str) -> _Columns:
+    """The packed form's columns (see the module docstring)."""
+    namespaces, names, raw = value.get("ns"), value.get("names"), value.get("spans")
+    if (len(value) != 3 or not isinstance(namespaces, list) or len(namespaces) > MAX_SPANS
+            or not all(isinstance(ns, str) for ns in namespaces)
+            or not isinstance(names, str) or not isinstance(raw, bytes)
+            or len(raw) % 32 or len(raw) > 32 * MAX_SPANS):
+        raise ParamsError(f"a packed '{field}' must be {{'ns': [str], 'names': str, "
+                          f"'spans': int64 bytes}}, at most {MAX_SPANS} spans")
+    rows = array("q")
+    rows.frombytes(raw)
+    if sys.byteorder == "big":
+        rows.byteswap()
+    ns_ids, starts, ends, lengths = (rows[column::4].tolist() for column in range(4))
+    if ns_ids and not 0 <= min(ns_ids) <= max(ns_ids) < len(namespaces):
+        raise ParamsError(f"a packed '{field}' span names a namespace it does not list")
+    if (lengths and min(lengths) < 0) or sum(lengths) != len(names):
+        raise ParamsError(f"the packed '{field}' names do not match their lengths")
+    offsets = list(accumulate(lengths, initial=0))
+    names_list = [names[a:b] for a, b in zip(offsets, offsets[1:], strict=False)]
+    return _Columns(namespaces, ns_ids, names_list, starts, ends)
+
+
+def _keys(items: list[Any], user: str) -> tuple[FactKey, ...]:
+    """Checked ``[ns, name]`` items."""
+    index: dict[str, int] = {}
+    ns_ids, names = [], []
+    for item in items:
+        if (not isinstance(item, list) or len(item) != 2
+                or not all(isinstance(x, str) for x in item)):
+            raise ParamsError(f"a fact key must be [namespace, name], got {item!r}")
+        ns_ids.append(index.setdefault(item[0], len(index)))
+        names.append(item[1])
+    return _checked_keys(_Columns(list(index), ns_ids, names, [], []), user)
+
+
+def _checked_keys(columns: _Columns, user: str) -> tuple[FactKey, ...]:
+    """The keys of ``columns``, if each names a fact its request may name."""
+    namespaces, ns_ids, names = columns.namespaces, columns.ns_ids, columns.names
+    lengths = list(map(len, names))
+    if lengths and (min(lengths) < 1 or max(lengths) > MAX_NAME_CHARS):
         raise ParamsError("a fact name must have 1 to 256 characters")
-    if ns not in (user, SHARED_NS):
+    if any(ns not in (user, SHARED_NS) for ns in namespaces):
         raise ParamsError("a request may only name its own user's facts")
-    if ns == SHARED_NS and not name.startswith("header:"):
-        raise ParamsError("only prompt headers live in the shared namespace")
-    return FactKey(ns, name)
+    if SHARED_NS in namespaces:
+        shared = namespaces.index(SHARED_NS)
+        if not all(name.startswith("header:")
+                   for i, name in zip(ns_ids, names, strict=True) if i == shared):
+            raise ParamsError("only prompt headers live in the shared namespace")
+    return tuple(map(FactKey, [namespaces[i] for i in ns_ids], names))
 
 
 def _spans(value: Any, user: str, prompt_len: int, field: str) -> tuple[Span, ...]:
-    spans = []
-    for item in _list(value, field):
-        if not isinstance(item, list) or len(item) != 4:
-            raise ParamsError(f"a {field} span must be [ns, name, start, end], got {item!r}")
-        start, end = item[2], item[3]
-        if not (isinstance(start, int) and isinstance(end, int)
-                and not isinstance(start, bool) and not isinstance(end, bool)):
-            raise ParamsError("span bounds must be integers")
-        if not 0 <= start < end <= prompt_len:
-            raise ParamsError(f"span [{start}, {end}) lies outside the prompt of {prompt_len}")
-        key = _key(item[:2], user)
-        if key.ns == SHARED_NS and start != 0:
-            # Shared KV must depend on its tokens only, never on a user's prefix.
-            raise ParamsError("a shared header span must start at position 0")
-        spans.append(Span(key, start, end))
-    if field == "capture" and len({s.key for s in spans}) != len(spans):
+    columns = (_unpack(value, field) if isinstance(value, Mapping)
+               else _columns(_list(value, field), field))
+    starts, ends = columns.starts, columns.ends
+    if starts and (min(starts) < 0 or max(ends) > prompt_len
+                   or not all(map(operator.lt, starts, ends))):
+        start, end = next((a, b) for a, b in zip(starts, ends, strict=True)
+                          if not 0 <= a < b <= prompt_len)
+        raise ParamsError(f"span [{start}, {end}) lies outside the prompt of {prompt_len}")
+    keys = _checked_keys(columns, user)
+    if any(key.ns == SHARED_NS and start != 0 for key, start in zip(keys, starts, strict=True)):
+        # Shared KV must depend on its tokens only, never on a user's prefix.
+        raise ParamsError("a shared header span must start at position 0")
+    if field == "capture" and len(set(keys)) != len(keys):
         # The worker collects a step's captures per (request, key).
         raise ParamsError("a capture may not name a key more than once")
-    spans.sort(key=lambda s: s.start)
-    for left, right in zip(spans, spans[1:], strict=False):
-        if right.start < left.end:
-            raise ParamsError(f"{field} spans overlap at position {right.start}")
+    spans = list(map(Span, keys, starts, ends))
+    if not all(map(operator.le, starts, starts[1:])):
+        spans.sort(key=lambda s: s.start)
+        starts, ends = [s.start for s in spans], [s.end for s in spans]
+    if not all(map(operator.le, ends, starts[1:])):
+        position = next(b for a, b in zip(ends, starts[1:], strict=False) if b < a)
+        raise ParamsError(f"{field} spans overlap at position {position}")
     return tuple(spans)

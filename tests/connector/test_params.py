@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from array import array
 from typing import Any
 
 import pytest
@@ -18,6 +19,7 @@ from inferscale_memory.connector.params import (
     RequestParams,
     Span,
     cache_salt,
+    pack_spans,
     parse_params,
     token_digest,
 )
@@ -313,3 +315,89 @@ def test_capture_names_each_key_once() -> None:
     params = parse_params(body(inject=[["alice", "f", 8, 12], ["alice", "f", 12, 16]]),
                           PROMPT_LEN)
     assert params is not None and len(params.inject) == 2
+
+
+# -- the packed wire form ---------------------------------------------------------------
+
+
+def list_form(spans: tuple[Span, ...]) -> list[list[Any]]:
+    """The documented ``[ns, name, start, end]`` form of ``spans``."""
+    return [[s.key.ns, s.key.name, s.start, s.end] for s in spans]
+
+
+def test_to_dict_packs_spans_into_three_objects_whatever_their_number() -> None:
+    # vLLM checks, deep-copies and encodes every item of extra_args: a k-fact request
+    # must not cross to the engine core as 5k Python objects.
+    spans = tuple(Span(FactKey("alice", f"f{i}"), i, i + 1) for i in range(100))
+    inject = RequestParams("alice", "L", inject=spans).to_dict()[PARAMS_KEY]["inject"]
+    assert set(inject) == {"ns", "names", "spans"} and inject["ns"] == ["alice"]
+    assert isinstance(inject["names"], str) and isinstance(inject["spans"], bytes)
+    assert parse_params(body(inject=inject), 100) == parse_params(
+        body(inject=list_form(spans)), 100)
+
+
+span_items = st.lists(st.tuples(
+    st.sampled_from(["alice", "", "bob"]),
+    st.sampled_from(["f", "g", HEADER, "header:", "", "x" * MAX_NAME_CHARS,
+                     "x" * (MAX_NAME_CHARS + 1), "é\u2063"]),
+    st.integers(-3, PROMPT_LEN + 3), st.integers(-3, PROMPT_LEN + 3)), max_size=6)
+
+
+@settings(max_examples=400, deadline=None)
+@given(items=span_items, field=st.sampled_from(["capture", "inject"]))
+def test_packed_and_list_forms_pass_the_same_checks(
+        items: list[tuple[str, str, int, int]], field: str) -> None:
+    # Forged spans (another user's, a header after position 0, out of the prompt,
+    # overlapping, a capture naming a key twice) are refused whichever form names them.
+    spans = tuple(Span(FactKey(ns, name), start, end) for ns, name, start, end in items)
+    outcomes = []
+    for value in (list_form(spans), pack_spans(spans)):
+        try:
+            outcomes.append(parse_params(body(**{field: value}), PROMPT_LEN))
+        except ParamsError:
+            outcomes.append(None)
+    assert outcomes[0] == outcomes[1]
+
+
+packed_junk = st.fixed_dictionaries(
+    {"ns": st.lists(st.sampled_from(["alice", "", "bob"]), max_size=3) | json_values,
+     "names": st.text(max_size=12) | json_values,
+     "spans": st.binary(max_size=100) | st.lists(st.integers(-2, 45), max_size=8).map(
+         lambda v: array("q", v).tobytes()) | json_values},
+    optional={"extra": json_values})
+
+
+@settings(max_examples=300, deadline=None)
+@given(packed=packed_junk, field=st.sampled_from(["capture", "inject"]),
+       prompt_len=st.integers(0, 45))
+def test_junk_packed_spans_raise_only_params_error(packed: dict[str, Any], field: str,
+                                                   prompt_len: int) -> None:
+    try:
+        params = parse_params(body(**{field: packed}), prompt_len)
+    except ParamsError:
+        return
+    assert params is not None
+    for span in getattr(params, field):
+        assert 0 <= span.start < span.end <= prompt_len
+        assert span.key.ns in ("alice", SHARED_NS)
+        assert 1 <= len(span.key.name) <= MAX_NAME_CHARS
+        assert span.key.ns != SHARED_NS or (span.start == 0
+                                            and span.key.name.startswith("header:"))
+    assert parse_params(params.to_dict(), prompt_len) == params
+
+
+def test_packed_spans_survive_vllms_transport_to_the_engine_core() -> None:
+    pytest.importorskip("vllm")
+    from vllm import SamplingParams
+    from vllm.v1.engine import EngineCoreRequest
+    from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder
+
+    params = RequestParams("alice", "L", capture=(Span(FactKey("alice", "c"), 30, 40),),
+                           inject=(Span(FactKey("", HEADER), 0, 10),
+                                   Span(FactKey("alice", "é"), 10, 30)))
+    sampling = SamplingParams(max_tokens=1, extra_args={"kv_transfer_params": params.to_dict()})
+    request = EngineCoreRequest("r", list(range(PROMPT_LEN)), None, sampling, None, 0.0,
+                                None, None, None)
+    decoded = MsgpackDecoder(EngineCoreRequest).decode(MsgpackEncoder().encode(request))
+    raw = decoded.sampling_params.extra_args["kv_transfer_params"]
+    assert parse_params(raw, PROMPT_LEN) == params
