@@ -101,8 +101,13 @@ class TokenFacts:
         return FactKey(self.user_id, fact_id)
 
 
+_INT = {int}
+
+
 def _ids(values: Sequence[int], what: str, empty: bool = False) -> list[int]:
     ids = list(values)
+    if ids and set(map(type, ids)) == _INT and min(ids) >= 0:
+        return ids  # the common case, checked in C: a prompt holds thousands of ids
     if not (ids or empty) or any(isinstance(t, bool) or not isinstance(t, int) or t < 0
                                  for t in ids):
         kind = "a" if empty else "a non-empty"

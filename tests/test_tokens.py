@@ -63,3 +63,26 @@ def test_a_user_id_and_a_header_are_required() -> None:
         TokenFacts("", HEADER)
     with pytest.raises(InvalidInputError):
         TokenFacts("alice", [])
+
+
+@pytest.mark.parametrize("bad", [[1, -2], [1, True], [False], [1, 2.0], [1, "3"], [None],
+                                 [3, 2, 1, -1]])
+@pytest.mark.parametrize("where", ["fact", "question", "header"])
+def test_every_token_id_is_checked(bad: list[object], where: str) -> None:
+    # Ids are checked a fact at a time, in C where they are plain ints >= 0: an id of
+    # another type or a negative one anywhere is still refused.
+    ok = [1, 2]
+    with pytest.raises(InvalidInputError, match="token ids"):
+        facts = TokenFacts("alice", bad if where == "header" else HEADER)
+        facts.prompt([("a", ok), ("b", bad if where == "fact" else ok)],
+                     bad if where == "question" else ok)
+
+
+def test_int_subclasses_other_than_bool_are_token_ids() -> None:
+    from enum import IntEnum
+
+    class Token(IntEnum):
+        A = 5
+
+    request = TokenFacts("alice", HEADER).prompt([("a", [Token.A, 6])], [Token.A])
+    assert request.token_ids == HEADER + [5, 6, 5]

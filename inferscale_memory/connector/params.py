@@ -112,14 +112,18 @@ def token_digest(token_ids: Sequence[int]) -> bytes:
 def pack_spans(spans: Sequence[Span]) -> dict[str, Any]:
     """The packed form of ``spans`` (see the module docstring): three objects for any
     number of spans."""
-    index: dict[str, int] = {}
-    rows = array("q")
-    for (ns, name), start, end in spans:
-        rows.extend((index.setdefault(ns, len(index)), start, end, len(name)))
+    if not spans:
+        return {"ns": [], "names": "", "spans": b""}
+    keys, starts, ends = zip(*spans, strict=True)
+    namespaces, names = zip(*keys, strict=True)
+    index = {ns: i for i, ns in enumerate(dict.fromkeys(namespaces))}
+    rows = array("q", bytes(32 * len(spans)))
+    for column, values in enumerate(([index[ns] for ns in namespaces], starts, ends,
+                                     list(map(len, names)))):
+        rows[column::4] = array("q", values)
     if sys.byteorder == "big":
         rows.byteswap()
-    return {"ns": list(index), "names": "".join(span.key.name for span in spans),
-            "spans": rows.tobytes()}
+    return {"ns": list(index), "names": "".join(names), "spans": rows.tobytes()}
 
 
 def parse_params(raw: Mapping[str, Any] | None, prompt_len: int) -> RequestParams | None:
