@@ -13,6 +13,7 @@ import atexit
 import contextlib
 import itertools
 import logging
+import shutil
 import threading
 import time
 import weakref
@@ -79,6 +80,7 @@ class VllmRuntime:
         self._closed = False
         self._pending: set[Future[Any]] = set()  # sync callers' waits, failed at close
         self._log = VllmLog(show=config.vllm_logs)
+        self.socket_folder: Path | None = None  # vLLM's sockets of this engine; gone at close
         logger.info("starting vLLM with %s%s", model_path,
                     f" (its output: {self._log.path})" if self._log.path else "")
         started = time.perf_counter()
@@ -87,6 +89,7 @@ class VllmRuntime:
                 self._llm = self.run(self._start())
         except Exception as exc:
             self._stop_loop()
+            self._remove_socket_folder()
             self._log.close(failed=True)
             tail = self._log.tail()
             raise EngineError(f"vLLM failed to start with {model_path}: {exc}"
@@ -103,6 +106,7 @@ class VllmRuntime:
         from inferscale_memory.connector.compat import (
             check_vllm_version,
             compact_json_outputs_config,
+            new_socket_folder,
             start_async_llm,
             start_environment,
         )
@@ -129,7 +133,9 @@ class VllmRuntime:
                  "host_pool_bytes": int(self.config.kv_host_pool_gb * (1 << 30))})
         args.update(self.config.engine_args)
         lifeline.mark_owner()  # vLLM's processes end with this one (inferscale_memory.lifeline)
-        return start_async_llm(args, start_environment(self.config.kv_cache_gb))
+        self.socket_folder = new_socket_folder()
+        return start_async_llm(args, start_environment(self.config.kv_cache_gb,
+                                                       self.socket_folder))
 
     # -- running coroutines --------------------------------------------------------------
 
@@ -316,10 +322,16 @@ class VllmRuntime:
             # runs during interpreter teardown (vLLM 0.32).
             self._llm = None
             self._stop_loop()
+            self._remove_socket_folder()  # vLLM's processes are gone
             for future in list(self._pending):  # if the loop could not finish them
                 if not future.done():
                     future.set_exception(EngineClosedError("the engine was closed"))
             self._log.close(failed=failed)
+
+    def _remove_socket_folder(self) -> None:
+        """Remove the sockets vLLM leaves behind, with their folder."""
+        if self.socket_folder is not None:
+            shutil.rmtree(self.socket_folder, ignore_errors=True)
 
     def _on_loop(self, coro: Coroutine[Any, Any, None], timeout: float = 10) -> None:
         """Run ``coro`` on the engine loop and wait (best effort: close() goes on)."""

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import re
+import tempfile
 import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
@@ -18,6 +20,12 @@ from inferscale_memory.embeddings import default_embedder
 
 pytestmark = pytest.mark.engine
 DEADLINE_S = 10.0  # a few-token answer takes well under a second here
+UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+def uuid_named(folder: Path) -> set[str]:
+    """The names vLLM gives its ZMQ sockets (``<VLLM_RPC_BASE_PATH>/<uuid4>``)."""
+    return {entry.name for entry in folder.iterdir() if UUID.fullmatch(entry.name)}
 
 
 def on_idle_loop(coro: Coroutine[Any, Any, Any]) -> Any:
@@ -63,8 +71,16 @@ def framework_calls(engine: MemoryEngine) -> dict[str, Callable[[], Any]]:
 
 def test_a_closed_engine_refuses_every_call_at_once(tmp_path: Path) -> None:
     path = tmp_path / "memory.sqlite"
+    temp = Path(tempfile.gettempdir())
+    litter = uuid_named(temp)
     with MemoryEngine(store_path=str(path), kv_cache_gb=1, max_model_len=1024) as engine:
+        sockets = engine.runtime.socket_folder
+        assert sockets is not None and uuid_named(sockets)  # vLLM's sockets are there
         fact = engine.memory.add("Ada sails on Sundays.", user_id="closed")
+    # They went with the engine's own folder: none is left in the temp folder (issue 31,
+    # item 10: 7 per start were).
+    assert not sockets.exists()
+    assert uuid_named(temp) - litter == set()
     question = ask("When does Ada sail?")
     calls = {
         "chat": lambda: engine.chat(question, user_id="closed", max_tokens=4),

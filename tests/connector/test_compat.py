@@ -3,16 +3,23 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
 from inferscale_memory.bench.synthetic import write_dummy_model
-from inferscale_memory.connector.compat import engine_environment, start_environment
+from inferscale_memory.connector.compat import (
+    engine_environment,
+    new_socket_folder,
+    start_environment,
+)
 
 KV_SPACE = "VLLM_CPU_KVCACHE_SPACE"
+RPC_BASE = "VLLM_RPC_BASE_PATH"
 
 
 def test_engine_environment_is_set_for_the_block_and_restored(
@@ -30,9 +37,34 @@ def test_engine_environment_is_set_for_the_block_and_restored(
 
 
 def test_start_environment_names_the_engines_kv_space_and_keeps_the_users_method(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "fork")
-    assert start_environment(4) == {KV_SPACE: "4"}
+    assert start_environment(4, tmp_path) == {KV_SPACE: "4", RPC_BASE: str(tmp_path)}
+
+
+def test_each_engine_gets_a_socket_folder_of_its_own_that_vllm_uses(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM names its ZMQ sockets ``<VLLM_RPC_BASE_PATH>/<uuid4>`` (the temp folder by
+    default) and leaves some behind after a clean shutdown: each engine gets a folder that
+    its runtime removes at close. vLLM reads the variable when it makes a socket path, in
+    this process (the engine processes inherit it): should it read it once, this fails."""
+    try:
+        from vllm.utils.network_utils import get_open_zmq_ipc_path
+    except ImportError:  # vLLM before network_utils
+        from vllm.utils import get_open_zmq_ipc_path  # type: ignore[attr-defined,no-redef]
+
+    monkeypatch.delenv(RPC_BASE, raising=False)
+    first, second = new_socket_folder(), new_socket_folder()
+    try:
+        assert first != second and first.parent == second.parent == Path(tempfile.gettempdir())
+        for folder in (first, second):
+            with engine_environment(start_environment(1, folder)):
+                assert get_open_zmq_ipc_path().startswith(f"ipc://{folder}/")
+        assert get_open_zmq_ipc_path().startswith(f"ipc://{tempfile.gettempdir()}/")
+    finally:
+        shutil.rmtree(first), shutil.rmtree(second)
+    monkeypatch.setenv(RPC_BASE, str(tmp_path))  # the user's choice holds the folders
+    assert new_socket_folder().parent == tmp_path
 
 
 def test_vllm_reads_the_kv_space_each_time_it_builds_an_engine_config(
@@ -103,3 +135,23 @@ def test_the_engine_gets_vllm_serves_settings_unless_engine_args_say_otherwise(
     assert default["max_num_seqs"] != 7 and chosen["max_num_seqs"] == 7
     assert default["kv_connector"] is None
     assert {"max_num_batched_tokens", "max_cudagraph_size", "cudagraph_mode"} <= set(default)
+
+
+def test_a_failed_start_removes_the_engines_socket_folder(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM refuses an argument before it starts a process: nothing is left of the start."""
+    from inferscale_memory import lifeline
+    from inferscale_memory.config import MemoryConfig
+    from inferscale_memory.errors import EngineError
+    from inferscale_memory.runtime import VllmRuntime
+
+    base = tmp_path / "rpc"
+    base.mkdir()
+    monkeypatch.setenv(RPC_BASE, str(base))
+    monkeypatch.setenv(lifeline.OWNER_ENV, "0")  # the start marks this process: undone after
+    model = write_dummy_model(tmp_path / "model", "llama-tiny")
+    config = MemoryConfig.load(store_path=str(tmp_path / "m.sqlite"),
+                               engine_args={"no_such_argument": 1})
+    with pytest.raises(EngineError, match="no_such_argument"):
+        VllmRuntime(model, config)
+    assert list(base.iterdir()) == []
