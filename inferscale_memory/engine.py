@@ -106,6 +106,30 @@ class MemoryEngine:
         self._config = config
         self.memory.config = config
 
+    @property
+    def model_name(self) -> str:
+        """The model's name as users know it: a hub id as given (``"Qwen/Qwen2.5-7B-
+        Instruct"``, even when it resolved to a snapshot folder of the local cache named
+        after a revision hash), otherwise the model folder's name."""
+        given = self._config.model
+        if given and not Path(given).expanduser().exists():
+            return given
+        return self.model_path.name
+
+    @property
+    def max_model_len(self) -> int:
+        """The engine's context window in tokens (prompt and answer together)."""
+        return self.runtime.max_model_len
+
+    def count_prompt_tokens(self, messages: list[dict[str, Any]]) -> int:
+        """The length of ``messages`` in tokens as :meth:`chat` sends them without memory
+        (``memory=False``): the chat template around the engine's own system preamble.
+
+        Raises:
+            InvalidInputError: Messages the engine would refuse.
+        """
+        return len(self.builder.build(messages, []).token_ids)
+
     # -- answering -----------------------------------------------------------------------
 
     def chat(self, messages: Sequence[dict[str, Any]], *, user_id: str | None = None,
@@ -218,7 +242,7 @@ class MemoryEngine:
         start = time.perf_counter()
         request = check_chat(self.config, messages, k=k, mode=mode, memory=memory,
                              fact_order=fact_order, recompute_tail=recompute_tail,
-                             tool_parser=self.tool_parser, model_name=self.model_path.name,
+                             tool_parser=self.tool_parser, model_name=self.model_name,
                              **options)
         tooling = request.tooling
         if not memory and facts is not None:

@@ -20,11 +20,13 @@ from typing import Any, TypeVar
 
 from inferscale_memory.engine import MemoryEngine
 from inferscale_memory.results import ChatResult
+from inferscale_memory.tools import TOOL_CHOICES
 
 T = TypeVar("T")
 # The chat keywords of tools and structured output, in OpenAI's shapes (checked by the
 # engine): the adapters pass them through.
 TOOL_KEYS = ("tools", "tool_choice", "parallel_tool_calls", "response_format")
+__all__ = ["TOOL_CHOICES", "TOOL_KEYS", "call_arguments", "default_engine", "on_engine"]
 logger = logging.getLogger(__name__)
 _default_engines: dict[str | None, MemoryEngine] = {}
 _lock = threading.Lock()

@@ -175,3 +175,19 @@ def test_an_id_the_hub_does_not_know_is_a_typed_error(tmp_path: Path,
     with pytest.raises(ModelPreparationError, match="no model 'inferscale-tests/nope' on"):
         resolve_model("inferscale-tests/nope", tmp_path / "cache")
     assert len(fake_hub.requests) == 1
+
+
+def test_the_engine_is_named_after_the_hub_id_not_the_snapshot(tmp_path: Path) -> None:
+    """A cached hub id resolves to a snapshot folder named after a revision hash; the
+    server's model name, the adapters' and the bench's keep the id the user gave."""
+    from inferscale_memory import MemoryConfig, MemoryEngine
+
+    engine = MemoryEngine.__new__(MemoryEngine)  # the names only: no engine starts
+    engine._config = MemoryConfig(model="org/tiny-chat")
+    engine.model_path = tmp_path / "models--org--tiny-chat" / "snapshots" / ("a" * 40)
+    assert engine.model_name == "org/tiny-chat"
+    folder = tmp_path / "My-Model"
+    folder.mkdir()
+    engine._config = MemoryConfig(model=str(folder))
+    engine.model_path = folder
+    assert engine.model_name == "My-Model"

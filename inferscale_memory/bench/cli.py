@@ -205,7 +205,7 @@ def run_bench(args: argparse.Namespace) -> int:
     quality = {name: getattr(args, name, None)
                for name in QUALITY_FIELDS}
     with _engine(args.model, **quality) as engine:
-        print(f"engine: {engine.model_path.name} started in {engine.runtime.start_s:.1f} s",
+        print(f"engine: {engine.model_name} started in {engine.runtime.start_s:.1f} s",
               flush=True)
         progress = not args.no_progress
         if args.workload == "locomo":

@@ -50,7 +50,7 @@ def bench_locomo(engine: MemoryEngine, dataset: str | Path, ks: Sequence[int] = 
     chosen = select(load_locomo(dataset), list(conversations or []), limit, seed)
     params = {"dataset": Path(dataset).name, "k": list(ks), "limit": limit,
               "conversations": [c.sample_id for c in chosen], "seed": seed,
-              "memory": memory, "max_tokens": max_tokens, "model": engine.model_path.name,
+              "memory": memory, "max_tokens": max_tokens, "model": engine.model_name,
               **{name: getattr(engine.config, name) for name in QUALITY_FIELDS}}
     run = RunFolder.create(out, "locomo", params, resume=resume, fixed=LOCOMO_FIXED)
     run.write_config(engine, **({"text_from": str(text_from)} if text_from else {}))

@@ -91,10 +91,10 @@ class RunFolder:
             config = {**self._config, "command": command, "started": started,
                       **describe_software(), "machine": describe_machine(), **extra}
             if engine is not None:
-                config["model"] = {"name": engine.model_path.name,
+                config["model"] = {"name": engine.model_name,
                                    "path": str(engine.model_path),
                                    "dtype": engine.config.dtype,
-                                   "max_model_len": engine.runtime.max_model_len,
+                                   "max_model_len": engine.max_model_len,
                                    "start_s": round(engine.runtime.start_s, 1)}
         self._write_json(CONFIG, config)
         return config

@@ -64,7 +64,7 @@ def create_app(engine: MemoryEngine, api_keys: ApiKeys | Mapping[str, Any] | Non
     metrics = ServerMetrics(engine, refresh_s=metrics_refresh_s)
     if max_tokens_limit is not None and max_tokens_limit < 1:
         raise ValueError(f"max_tokens_limit must be >= 1 or None; got {max_tokens_limit}")
-    app.state.context = ServerContext(engine, metrics, model_name or engine.model_path.name,
+    app.state.context = ServerContext(engine, metrics, model_name or engine.model_name,
                                       max_tokens_limit)
     install_handlers(app)
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)  # type: ignore[arg-type]

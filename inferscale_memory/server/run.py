@@ -165,7 +165,7 @@ def serve(model: str | None = None, host: str | None = None, port: int = 8000,
             for sig in (signal.SIGINT, signal.SIGTERM):
                 signal.signal(sig, on_signal)
         # Printed once a signal stops the server in order (a supervisor may send one now).
-        print(f"inferscale-memory serving {engine.model_path.name} on {handle.url}/v1",
+        print(f"inferscale-memory serving {engine.model_name} on {handle.url}/v1",
               flush=True)
         handle.wait()
         logger.info("server stopped; finishing background recaptures, then the engine")

@@ -40,8 +40,12 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from inferscale_memory import ChatChunk, MemoryEngine
 from inferscale_memory import ChatResult as MemoryResult
-from inferscale_memory.integrations import TOOL_KEYS, call_arguments, default_engine
-from inferscale_memory.tools import TOOL_CHOICES
+from inferscale_memory.integrations import (
+    TOOL_CHOICES,
+    TOOL_KEYS,
+    call_arguments,
+    default_engine,
+)
 from langchain_inferscale.injection import afacts_for, facts_for, without_memory
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
@@ -146,7 +150,7 @@ class ChatInferScale(BaseChatModel):
     @property
     def _model_label(self) -> str:
         if self.engine is not None:
-            return str(self.engine.model_path.name)
+            return str(self.engine.model_name)
         return self.model_name or DEFAULT_MODEL_NAME
 
     def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:

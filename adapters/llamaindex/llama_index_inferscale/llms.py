@@ -23,8 +23,12 @@ from llama_index.core.llms.function_calling import FunctionCallingLLM
 from llama_index.core.llms.llm import ToolSelection
 
 from inferscale_memory import ChatChunk, ChatResult, MemoryEngine
-from inferscale_memory.integrations import TOOL_KEYS, call_arguments, default_engine
-from inferscale_memory.tools import TOOL_CHOICES
+from inferscale_memory.integrations import (
+    TOOL_CHOICES,
+    TOOL_KEYS,
+    call_arguments,
+    default_engine,
+)
 from llama_index_inferscale.handover import FactsMessage, handed_facts
 
 if TYPE_CHECKING:
@@ -103,10 +107,10 @@ class InferScaleLLM(FunctionCallingLLM):
         # Memory takes context_window - 256 tokens), so it is the engine's, not a guess.
         engine = self._engine()
         return LLMMetadata(
-            context_window=self.context_window or engine.runtime.max_model_len,
+            context_window=self.context_window or engine.max_model_len,
             num_output=self.max_tokens or 128, is_chat_model=True,
             is_function_calling_model=engine.tool_parser is not None,
-            model_name=engine.model_path.name)
+            model_name=engine.model_name)
 
     # -- chat -----------------------------------------------------------------------------
 

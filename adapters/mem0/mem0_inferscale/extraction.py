@@ -18,8 +18,6 @@ from typing import Any
 
 from mem0.configs import prompts as mem0_prompts
 
-from inferscale_memory.layout import PromptBuilder
-
 # Our own short instructions for the same task and the same JSON as Mem0's prompt (no
 # example fact: a small model copies it).
 COMPACT_EXTRACTION_PROMPT = """\
@@ -74,7 +72,8 @@ def fit_extraction(messages: Sequence[dict[str, Any]],
 
     Args:
         messages: Mem0's extraction call (:func:`is_extraction`).
-        count_tokens: The prompt's length in the model's tokens (:func:`prompt_tokens`).
+        count_tokens: The prompt's length in the model's tokens
+            (``MemoryEngine.count_prompt_tokens``).
         limit: Tokens the prompt may take.
     """
     messages = [dict(m) for m in messages]
@@ -83,9 +82,3 @@ def fit_extraction(messages: Sequence[dict[str, Any]],
     agent_suffix = messages[0]["content"][len(mem0_prompts.ADDITIVE_EXTRACTION_PROMPT):]
     messages[0]["content"] = COMPACT_EXTRACTION_PROMPT + agent_suffix
     return messages
-
-
-def prompt_tokens(builder: PromptBuilder, messages: list[dict[str, Any]]) -> int:
-    """The length of ``messages`` in tokens as the engine sends them without memory: the
-    builder's layout (the chat template around the engine's own system preamble)."""
-    return len(builder.build(messages, []).token_ids)

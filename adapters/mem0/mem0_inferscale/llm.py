@@ -31,7 +31,6 @@ from mem0_inferscale.extraction import (
     EXTRACTION_FORMAT,
     fit_extraction,
     is_extraction,
-    prompt_tokens,
 )
 
 PROVIDER = "inferscale"
@@ -52,7 +51,7 @@ class InferScaleLlmConfig(BaseLlmConfig):
         if not isinstance(engine, MemoryEngine):
             raise TypeError(f"the {PROVIDER!r} LLM needs engine=<a MemoryEngine>; got "
                             f"{type(engine).__name__}: use mem0_inferscale.mem0_config(engine)")
-        kwargs.setdefault("model", engine.model_path.name)
+        kwargs.setdefault("model", engine.model_name)
         super().__init__(**kwargs)
         self.engine = engine
         self.cache_user = cache_user
@@ -98,7 +97,7 @@ class InferScaleLLM(LLMBase):
         """
         if is_extraction(messages) and response_format in (None, {"type": "json_object"}):
             messages = fit_extraction(messages, self.count_tokens,
-                                      self.engine.runtime.max_model_len - self.config.max_tokens)
+                                      self.engine.max_model_len - self.config.max_tokens)
             response_format = EXTRACTION_FORMAT
         options = dict(kwargs, max_tokens=self.config.max_tokens,
                        temperature=self.config.temperature, top_p=self.config.top_p)
@@ -116,7 +115,7 @@ class InferScaleLLM(LLMBase):
 
     def count_tokens(self, messages: list[dict[str, Any]]) -> int:
         """The length of ``messages`` in the engine's tokens, as the engine sends them."""
-        return prompt_tokens(self.engine.builder, messages)
+        return self.engine.count_prompt_tokens(messages)
 
 
 def llm_config(engine: MemoryEngine, **settings: Any) -> LlmConfig:

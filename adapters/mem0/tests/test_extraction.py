@@ -21,7 +21,6 @@ from mem0_inferscale.extraction import (
     COMPACT_EXTRACTION_PROMPT,
     fit_extraction,
     is_extraction,
-    prompt_tokens,
 )
 from mem0_inferscale.llm import llm_config
 
@@ -32,6 +31,11 @@ ANSWER = 512
 @pytest.fixture(scope="module")
 def tokenizer() -> PreTrainedTokenizerBase:
     return AutoTokenizer.from_pretrained(str(resolve_model(None, MemoryConfig().cache_dir)))
+
+
+def prompt_tokens(builder: PromptBuilder, messages: list[dict[str, str]]) -> int:
+    """As MemoryEngine.count_prompt_tokens counts (the engine's builder, no memory)."""
+    return len(builder.build(messages, []).token_ids)
 
 
 def mem0_messages(system: str = ADDITIVE_EXTRACTION_PROMPT) -> list[dict[str, str]]:
