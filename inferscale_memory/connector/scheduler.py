@@ -200,18 +200,23 @@ class SchedulerSide:
         tracked.report.injected_tokens = num_external
         if num_external > 0:
             op = self._load_op(request.request_id, block_ids, plan, num_external)
-            loaded = [key for key, *_ in op.pieces]
+            loaded = [piece[0] for piece in op.pieces]
             self.facts.pin(loaded)
-            for key in loaded:
-                if self.facts.is_on_host(key):
-                    self._promote(request.request_id, key)
+            if self.facts.host:  # only a host tier can hold a fact to promote
+                for key in loaded:
+                    if self.facts.is_on_host(key):
+                        self._promote(request.request_id, key)
             self._next.loads.append(op)
-            tracked.loaded = [
-                (key, length, frozenset(
-                    blocks_of(op.block_ids, self.block_size, position, length)))
-                for key, _, length, position in op.pieces]
+            tracked.loaded = self._loaded_blocks(op)
+        touch = self.facts.touch
         for span in plan.usable:
-            self.facts.touch(span.key)
+            touch(span.key)
+
+    def _loaded_blocks(self, op: LoadOp) -> list[tuple[FactKey, int, frozenset[int]]]:
+        """``(key, tokens, cache blocks)`` of each piece of ``op``."""
+        size, block_ids = self.block_size, op.block_ids
+        return [(key, length, frozenset(blocks_of(block_ids, size, position, length)))
+                for key, _, length, position in op.pieces]
 
     def _promote(self, req_id: str, key: FactKey) -> None:
         """Bring a demoted fact back to the device before its load in this step. If no
@@ -269,41 +274,36 @@ class SchedulerSide:
     def _plan_injection(self, request: RequestLike, tracked: Tracked) -> InjectionPlan:
         """Match the inject spans against the registry and the prompt's own tokens, from
         position 0 to the first span that cannot be loaded (missing, moved, forged or
-        stale: recomputed, never loaded)."""
+        stale: recomputed, never loaded). A span's digest is hashed on its first check
+        only (the prompt never changes), and no span after the first failure is hashed."""
         assert tracked.params is not None
         prompt = request.prompt_token_ids or []
-        usable: list[Span] = []
-        position = 0
-        for index, span in enumerate(tracked.params.inject):
-            entry = self.facts.get(span.key)
-            if (span.start != position or entry is None or entry.length != span.length
-                    or entry.digest != self._span_digest(tracked, index, prompt)):
+        spans, digests, get = tracked.params.inject, tracked.digests, self.facts.get
+        position = num_usable = 0
+        for index, (key, start, end) in enumerate(spans):
+            entry = get(key)
+            if start != position or entry is None or entry.length != end - start:
                 break
-            usable.append(span)
-            position = span.end
-        missing = tracked.params.inject[len(usable):]
+            digest = digests.get(index)
+            if digest is None:
+                digest = digests[index] = token_digest(prompt[start:end])
+            if entry.digest != digest:
+                break
+            position, num_usable = end, index + 1
         # vLLM must compute at least the last prompt token itself.
-        return InjectionPlan(tuple(usable), tuple(missing), min(position, len(prompt) - 1))
-
-    @staticmethod
-    def _span_digest(tracked: Tracked, index: int, prompt: list[int]) -> bytes:
-        """The digest of the prompt under inject span ``index``, hashed on first use only."""
-        digest = tracked.digests.get(index)
-        if digest is None:
-            assert tracked.params is not None
-            span = tracked.params.inject[index]
-            digest = tracked.digests[index] = token_digest(prompt[span.start:span.end])
-        return digest
+        return InjectionPlan(spans[:num_usable], spans[num_usable:],
+                             min(position, len(prompt) - 1))
 
     @staticmethod
     def _load_op(req_id: str, block_ids: list[int], plan: InjectionPlan,
                  num_external: int) -> LoadOp:
         load_start, load_end = plan.claim_end - num_external, plan.claim_end
         pieces = []
-        for span in plan.usable:
-            start, end = max(span.start, load_start), min(span.end, load_end)
-            if start < end:
-                pieces.append((span.key, start - span.start, end - start, start))
+        for key, start, end in plan.usable:
+            first = start if start > load_start else load_start
+            last = end if end < load_end else load_end
+            if first < last:
+                pieces.append((key, first - start, last - first, first))
         return LoadOp(req_id, list(block_ids), pieces)
 
     def _track_capture(self, request: RequestLike, tracked: Tracked, params: RequestParams,

@@ -12,6 +12,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -161,23 +162,25 @@ class WorkerSide:
         """
         rows, lengths, positions, deltas, tables, table_base = [], [], [], [], [], []
         base = 0
+        get = self.pool.get
         for op in loads:
-            used = False
+            num_pieces = len(lengths)
             for key, offset, length, position in op.pieces:
-                entry = self.pool.get(key)
-                if entry is None or offset + length > entry.num_tokens:
+                entry = get(key)
+                if entry is None or offset + length > len(entry.rows):
                     # The scheduler believed this fact exists; let vLLM recompute its blocks.
                     logger.warning("fact %s missing from the KV pool; recomputing", key)
                     self._load_errors.update(
                         blocks_of(op.block_ids, self._block_size, position, length))
                     continue
-                rows.append(entry.rows[offset:offset + length])
+                fact_rows = entry.rows
+                rows.append(fact_rows if offset == 0 and length == len(fact_rows)
+                            else fact_rows[offset:offset + length])
                 lengths.append(length)
                 positions.append(position)
-                deltas.append(position - (entry.start + offset))
-                table_base.append(base)
-                used = True
-            if used:
+                deltas.append(position - entry.start - offset)
+            if len(lengths) > num_pieces:
+                table_base += [base] * (len(lengths) - num_pieces)
                 tables.append(op.block_ids)
                 base += len(op.block_ids)
         if not lengths:
@@ -187,7 +190,7 @@ class WorkerSide:
         within = np.arange(int(count.sum()), dtype=np.int64) - np.repeat(
             np.cumsum(count) - count, count)
         pos = np.repeat(np.asarray(positions, dtype=np.int64), count) + within
-        table = np.fromiter((b for t in tables for b in t), dtype=np.int64, count=base)
+        table = np.fromiter(chain.from_iterable(tables), dtype=np.int64, count=base)
         blocks = table[np.repeat(np.asarray(table_base, dtype=np.int64), count) + pos // size]
         return np.stack((np.concatenate(rows),
                          np.repeat(np.asarray(deltas, dtype=np.int64), count),

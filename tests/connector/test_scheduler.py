@@ -13,6 +13,8 @@ import copy
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from inferscale_memory.connector.params import (
     PARAMS_KEY,
@@ -20,8 +22,10 @@ from inferscale_memory.connector.params import (
     RequestParams,
     Span,
     cache_salt,
+    token_digest,
 )
 from inferscale_memory.connector.plan import DEMOTE, EVICT, PROMOTE, CaptureOp, LoadOp, StepPlan
+from inferscale_memory.connector.registry import Registered
 from inferscale_memory.connector.scheduler import SchedulerSide
 
 pytest.importorskip("vllm")
@@ -937,3 +941,66 @@ def test_a_span_gone_stale_while_its_request_waits_is_not_loaded(
     assert claimed == 8 and hashed == []
     assert plan.loads[0].pieces == [(HEADER, 0, 8, 0)]
     assert primed.finished(req)[PARAMS_KEY]["missing"] == [["alice", "fa"], ["alice", "fb"]]
+
+
+# -- the match against a reference, token by token ---------------------------------------
+
+# How a fact sits in a prompt: as registered, with other tokens of the same length
+# (forged), with one token more, never registered, after a gap, or registered again with
+# other tokens once the request was first matched (stale).
+PLACEMENTS = ["ok", "forged", "longer", "unknown", "gap", "stale"]
+
+
+@settings(max_examples=150, deadline=None)
+@given(placements=st.lists(st.sampled_from(PLACEMENTS), max_size=6),
+       sizes=st.lists(st.integers(1, 6), min_size=6, max_size=6),
+       question=st.integers(0, 3), hit=st.integers(0, 40))
+def test_claims_and_loads_match_a_token_by_token_reference(
+        placements: list[str], sizes: list[int], question: int, hit: int) -> None:
+    side = SchedulerSide()
+    side.facts.register(HEADER, Registered(token_digest(HEADER_IDS), len(HEADER_IDS)))
+    prompt, spans, valid = list(HEADER_IDS), [Span(HEADER, 0, len(HEADER_IDS))], [True]
+    for i, (placement, size) in enumerate(zip(placements, sizes, strict=False)):
+        key, ids = FactKey("alice", f"f{i}"), [1000 * (i + 1) + t for t in range(size)]
+        if placement != "unknown":
+            side.facts.register(key, Registered(token_digest(ids), size))
+        if placement == "gap":
+            prompt.append(7)
+        shown = {"forged": [t + 1 for t in ids], "longer": ids + [5]}.get(placement, ids)
+        spans.append(Span(key, len(prompt), len(prompt) + len(shown)))
+        valid.append(placement in ("ok", "stale") and valid[-1] and placement != "gap")
+        prompt.extend(shown)
+    prompt += QUESTION[:question]
+    hit = min(hit, len(prompt) - 1) // 4 * 4
+    req = request("r", prompt, RequestParams("alice", LAYOUT, inject=tuple(spans)), salt())
+    side.num_matched_tokens(req, hit)  # matched, its digests kept
+    for i, placement in enumerate(placements):  # then registered again with other text
+        if placement == "stale":
+            side.facts.register(FactKey("alice", f"f{i}"), Registered(b"other", sizes[i]))
+            valid[i + 1:] = [False] * (len(valid) - i - 1)
+    usable = [span for span, ok in zip(spans, valid, strict=True) if ok]
+    claim_end = min(usable[-1].end if usable else 0, len(prompt) - 1)
+    pieces = [(s.key, max(s.start, hit) - s.start, min(s.end, claim_end) - max(s.start, hit),
+               max(s.start, hit)) for s in usable if max(s.start, hit) < min(s.end, claim_end)]
+    assert side.num_matched_tokens(req, hit) == max(0, claim_end - hit)
+    claimed, plan = schedule(side, req, list(range(len(prompt) // 16 + 1)), local_hit=hit)
+    assert claimed == max(0, claim_end - hit)
+    assert [op.pieces for op in plan.loads] == ([pieces] if claimed else [])
+    report = side.finished(req)[PARAMS_KEY]
+    assert report["missing"] == [[s.key.ns, s.key.name] for s in spans[len(usable):]]
+    assert report["injected_tokens"] == claimed
+
+
+def test_a_step_plan_crosses_to_other_worker_processes_intact(primed: SchedulerSide) -> None:
+    # With more than one worker process vLLM pickles the step plan; keys come back as
+    # keys (hashable, equal, of their own type), so the workers' pools still find them.
+    import pickle
+
+    from inferscale_memory.connector.connector import InferScaleMetadata
+
+    req = inject_request("p", ((HEADER, HEADER_IDS), (A, A_IDS), (B, B_IDS)))
+    _, plan = schedule(primed, req, [4, 8])
+    copied = pickle.loads(pickle.dumps(InferScaleMetadata(plan), protocol=5)).plan
+    assert copied == plan
+    assert all(type(key) is FactKey for key, *_ in copied.loads[0].pieces)
+    assert {key: 1 for key, *_ in copied.loads[0].pieces}.keys() == {HEADER, A, B}

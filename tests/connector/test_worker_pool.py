@@ -5,12 +5,16 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import numpy as np
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from inferscale_memory.connector.params import FactKey, Span
-from inferscale_memory.connector.plan import DEMOTE, CaptureOp, StepPlan
+from inferscale_memory.connector.plan import DEMOTE, CaptureOp, LoadOp, StepPlan, blocks_of
 from inferscale_memory.connector.registry import FactRegistry, Registered, Room
 from inferscale_memory.connector.worker import WorkerSide, _Capture
+from inferscale_memory.kv.pool import PoolEntry
 from inferscale_memory.kv.slab import KVSlab
 
 LAYERS, HEADS, DIM = 2, 1, 4
@@ -146,3 +150,60 @@ def test_a_failed_promotion_leaves_the_host_tier_that_the_registry_describes() -
     side.start_load(StepPlan(moves=list(room.moves)))
     assert registry.is_on_host(A) and A in side.host_pool
     assert C in side.pool and C not in side.host_pool
+
+
+# -- the load step's index arrays ------------------------------------------------------
+
+
+def reference_batch(side: WorkerSide, loads: list[LoadOp]) -> tuple[list[list[int]], set[int]]:
+    """Rows, deltas and slots of every token loaded, one token at a time; and the cache
+    blocks of pieces whose fact the pool lacks."""
+    columns: list[list[int]] = [[], [], []]
+    errors: set[int] = set()
+    size = side._block_size
+    for op in loads:
+        for key, offset, length, position in op.pieces:
+            entry = side.pool.get(key)
+            if entry is None or offset + length > entry.num_tokens:
+                errors.update(blocks_of(op.block_ids, size, position, length))
+                continue
+            for t in range(length):
+                columns[0].append(int(entry.rows[offset + t]))
+                columns[1].append(position - (entry.start + offset))
+                p = position + t
+                columns[2].append(op.block_ids[p // size] * size + p % size)
+    return columns, errors
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data())
+def test_the_load_batch_holds_every_token_of_every_piece(data: st.DataObject) -> None:
+    # Whole pieces, cut pieces (a prefix-cache hit inside a fact), facts the pool lacks
+    # (their blocks are reported for a recompute), several requests with their own block
+    # tables: the vectorised arrays equal the token-by-token reference.
+    side = worker(1)
+    keys = [FactKey("alice", str(i)) for i in range(6)]
+    for i, key in enumerate(keys[:4]):  # keys 4 and 5 are not in the pool
+        tokens = data.draw(st.integers(1, 40))
+        side.pool.put(key, PoolEntry(np.arange(100 * i, 100 * i + tokens), data.draw(
+            st.integers(0, 60)), 0))
+    loads = []
+    for r in range(data.draw(st.integers(1, 3))):
+        pieces, position = [], data.draw(st.integers(0, 20))
+        for _ in range(data.draw(st.integers(0, 5))):
+            key = data.draw(st.sampled_from(keys))
+            entry = side.pool.get(key)
+            held = entry.num_tokens if entry is not None else 8
+            offset = data.draw(st.integers(0, held - 1))
+            length = data.draw(st.integers(1, held - offset + 1))  # one too many: refused
+            pieces.append((key, offset, length, position))
+            position += length
+        blocks = data.draw(st.permutations(range(100 * r, 100 * r + position // 16 + 1)))
+        loads.append(LoadOp(f"r{r}", list(blocks), pieces))
+    batch = side._load_batch(loads)
+    expected, errors = reference_batch(side, loads)
+    assert side.take_load_errors() == errors
+    if batch is None:
+        assert expected == [[], [], []]
+    else:
+        assert batch.tolist() == expected
