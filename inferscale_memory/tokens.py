@@ -24,6 +24,7 @@ Example:
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -87,12 +88,20 @@ class TokenFacts:
             raise InvalidInputError(f"inject must be between 0 and {len(facts)}, got {inject!r}")
         ids = list(self.header_ids)
         spans = [Span(self._header, 0, len(ids))]
+        ends = []
         for n, (fact_id, token_ids) in enumerate(facts):
-            fact = _ids(token_ids, "a fact's token_ids")
+            start = len(ids)
+            ids += token_ids
+            ends.append(len(ids))
             if n < count:
-                spans.append(Span(self._key(fact_id), len(ids), len(ids) + len(fact)))
-            ids += fact
-        ids += _ids(question, "question", empty=True)
+                spans.append(Span(self._key(fact_id), start, len(ids)))
+        starts = [len(self.header_ids), *ends]  # the last one: the question's
+        ids += question
+        if not _are_ids(ids) or not all(map(operator.lt, starts, ends)):
+            # Which part is bad, and why (rare: the whole prompt is checked at once, in C).
+            for start, end in zip(starts, ends, strict=False):
+                _ids(ids[start:end], "a fact's token_ids")
+            _ids(ids[starts[-1]:], "question", empty=True)
         return TokenRequest(ids, RequestParams(self.user_id, self.layout, inject=tuple(spans)))
 
     def _key(self, fact_id: str) -> FactKey:
@@ -104,10 +113,15 @@ class TokenFacts:
 _INT = {int}
 
 
+def _are_ids(ids: list[int]) -> bool:
+    """Whether ``ids`` are plain ints >= 0, checked in C (a prompt holds thousands)."""
+    return not ids or (set(map(type, ids)) == _INT and min(ids) >= 0)
+
+
 def _ids(values: Sequence[int], what: str, empty: bool = False) -> list[int]:
     ids = list(values)
-    if ids and set(map(type, ids)) == _INT and min(ids) >= 0:
-        return ids  # the common case, checked in C: a prompt holds thousands of ids
+    if ids and _are_ids(ids):
+        return ids
     if not (ids or empty) or any(isinstance(t, bool) or not isinstance(t, int) or t < 0
                                  for t in ids):
         kind = "a" if empty else "a non-empty"

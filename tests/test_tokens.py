@@ -86,3 +86,11 @@ def test_int_subclasses_other_than_bool_are_token_ids() -> None:
 
     request = TokenFacts("alice", HEADER).prompt([("a", [Token.A, 6])], [Token.A])
     assert request.token_ids == HEADER + [5, 6, 5]
+
+
+def test_an_empty_fact_among_others_is_refused() -> None:
+    facts = TokenFacts("alice", HEADER)
+    with pytest.raises(InvalidInputError, match="non-empty"):
+        facts.prompt([("a", [1, 2]), ("b", []), ("c", [3, 4, 5])], [6])  # 5 ids, 3 facts
+    assert facts.prompt([("a", (1, 2)), ("b", range(3, 5))], iter([6])).token_ids == (
+        HEADER + [1, 2, 3, 4, 6])  # any sequence of ids, any iterable question

@@ -28,15 +28,16 @@ import json
 import operator
 import sys
 from array import array
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from itertools import accumulate
-from typing import Any, NamedTuple
+from itertools import accumulate, compress, repeat
+from typing import Any, NamedTuple, TypeVar
 
 PARAMS_KEY = "inferscale"
 SHARED_NS = ""
 MAX_SPANS = 4096
 MAX_NAME_CHARS = 256
+_T = TypeVar("_T")
 
 
 class ParamsError(ValueError):
@@ -111,7 +112,7 @@ def token_digest(token_ids: Sequence[int]) -> bytes:
     before the connector sees them); a few microseconds per fact, as the scheduler
     checks every fact of every request it schedules.
     """
-    return hashlib.blake2b(array("q", token_ids).tobytes(), digest_size=16).digest()
+    return hashlib.blake2b(array("q", token_ids), digest_size=16).digest()
 
 
 def pack_spans(spans: Sequence[Span]) -> dict[str, Any]:
@@ -210,7 +211,7 @@ def _unpack(value: Mapping[str, Any], field: str) -> _Columns:
     if (lengths and min(lengths) < 0) or sum(lengths) != len(names):
         raise ParamsError(f"the packed '{field}' names do not match their lengths")
     offsets = list(accumulate(lengths, initial=0))
-    names_list = [names[a:b] for a, b in zip(offsets, offsets[1:], strict=False)]
+    names_list = list(map(names.__getitem__, map(slice, offsets, offsets[1:])))
     return _Columns(namespaces, ns_ids, names_list, starts, ends)
 
 
@@ -224,23 +225,32 @@ def _keys(items: list[Any], user: str) -> tuple[FactKey, ...]:
             raise ParamsError(f"a fact key must be [namespace, name], got {item!r}")
         ns_ids.append(index.setdefault(item[0], len(index)))
         names.append(item[1])
-    return _checked_keys(_Columns(list(index), ns_ids, names, [], []), user)
+    return tuple(_checked_keys(_Columns(list(index), ns_ids, names, [], []), user)[0])
 
 
-def _checked_keys(columns: _Columns, user: str) -> tuple[FactKey, ...]:
-    """The keys of ``columns``, if each names a fact its request may name."""
+def _checked_keys(columns: _Columns, user: str) -> tuple[list[FactKey], list[int]]:
+    """The keys of ``columns``, if each names a fact its request may name, and the
+    indices of those in the shared namespace."""
     namespaces, ns_ids, names = columns.namespaces, columns.ns_ids, columns.names
     lengths = list(map(len, names))
     if lengths and (min(lengths) < 1 or max(lengths) > MAX_NAME_CHARS):
         raise ParamsError("a fact name must have 1 to 256 characters")
     if any(ns not in (user, SHARED_NS) for ns in namespaces):
         raise ParamsError("a request may only name its own user's facts")
+    shared: list[int] = []
     if SHARED_NS in namespaces:
-        shared = namespaces.index(SHARED_NS)
-        if not all(name.startswith("header:")
-                   for i, name in zip(ns_ids, names, strict=True) if i == shared):
+        is_shared = namespaces.index(SHARED_NS).__eq__
+        shared = list(compress(range(len(ns_ids)), map(is_shared, ns_ids)))
+        if not all(names[i].startswith("header:") for i in shared):
             raise ParamsError("only prompt headers live in the shared namespace")
-    return tuple(map(FactKey, [namespaces[i] for i in ns_ids], names))
+    return _make_all(FactKey, zip(map(namespaces.__getitem__, ns_ids), names,
+                                  strict=True)), shared
+
+
+def _make_all(cls: type[_T], rows: Iterable[tuple[Any, ...]]) -> list[_T]:
+    """``cls(*row)`` of each row, made as the named tuple's own ``_make`` makes it, with no
+    Python call per row (a request names up to thousands of spans)."""
+    return list(map(tuple.__new__, repeat(cls), rows))  # type: ignore[arg-type]
 
 
 def _spans(value: Any, user: str, prompt_len: int, field: str) -> tuple[Span, ...]:
@@ -252,14 +262,14 @@ def _spans(value: Any, user: str, prompt_len: int, field: str) -> tuple[Span, ..
         start, end = next((a, b) for a, b in zip(starts, ends, strict=True)
                           if not 0 <= a < b <= prompt_len)
         raise ParamsError(f"span [{start}, {end}) lies outside the prompt of {prompt_len}")
-    keys = _checked_keys(columns, user)
-    if any(key.ns == SHARED_NS and start != 0 for key, start in zip(keys, starts, strict=True)):
+    keys, shared = _checked_keys(columns, user)
+    if any(starts[i] != 0 for i in shared):
         # Shared KV must depend on its tokens only, never on a user's prefix.
         raise ParamsError("a shared header span must start at position 0")
     if field == "capture" and len(set(keys)) != len(keys):
         # The worker collects a step's captures per (request, key).
         raise ParamsError("a capture may not name a key more than once")
-    spans = list(map(Span, keys, starts, ends))
+    spans = _make_all(Span, zip(keys, starts, ends, strict=True))
     if not all(map(operator.le, starts, starts[1:])):
         spans.sort(key=lambda s: s.start)
         starts, ends = [s.start for s in spans], [s.end for s in spans]
