@@ -105,14 +105,16 @@ def cache_salt(user: str, layout: str) -> str:
     return f"inferscale-{digest[:40]}"
 
 
-def token_digest(token_ids: Sequence[int]) -> bytes:
+def token_digest(token_ids: Sequence[int] | memoryview) -> bytes:
     """A digest of a span's token ids; the scheduler checks it before any load.
 
     Token ids are packed as 64-bit integers (vLLM has checked them against the vocabulary
     before the connector sees them); a few microseconds per fact, as the scheduler
-    checks every fact of every request it schedules.
+    checks every fact of every request it schedules. A memoryview of int64 ids (a slice
+    of a whole prompt packed once) is hashed as it is, to the same digest.
     """
-    return hashlib.blake2b(array("q", token_ids), digest_size=16).digest()
+    data = token_ids if isinstance(token_ids, memoryview) else array("q", token_ids)
+    return hashlib.blake2b(data, digest_size=16).digest()
 
 
 def pack_spans(spans: Sequence[Span]) -> dict[str, Any]:

@@ -13,6 +13,7 @@ span is recomputed, never loaded.
 from __future__ import annotations
 
 import logging
+from array import array
 from bisect import bisect_right
 from typing import Any
 
@@ -279,6 +280,7 @@ class SchedulerSide:
         assert tracked.params is not None
         prompt = request.prompt_token_ids or []
         spans, digests, get = tracked.params.inject, tracked.digests, self.facts.get
+        packed: memoryview | None = None  # the prompt as int64s, once, if any is hashed
         position = num_usable = 0
         for index, (key, start, end) in enumerate(spans):
             entry = get(key)
@@ -286,7 +288,9 @@ class SchedulerSide:
                 break
             digest = digests.get(index)
             if digest is None:
-                digest = digests[index] = token_digest(prompt[start:end])
+                if packed is None:
+                    packed = memoryview(array("q", prompt))
+                digest = digests[index] = token_digest(packed[start:end])
             if entry.digest != digest:
                 break
             position, num_usable = end, index + 1

@@ -401,3 +401,12 @@ def test_packed_spans_survive_vllms_transport_to_the_engine_core() -> None:
     decoded = MsgpackDecoder(EngineCoreRequest).decode(MsgpackEncoder().encode(request))
     raw = decoded.sampling_params.extra_args["kv_transfer_params"]
     assert parse_params(raw, PROMPT_LEN) == params
+
+
+def test_a_span_hashed_in_its_packed_prompt_has_the_digest_of_its_ids() -> None:
+    # The scheduler packs a prompt once and hashes each span's slice: the digest must be
+    # the one registered from the fact's own ids, or every load would be refused.
+    prompt = [7, 2**40, 0, 3, 128_000, 5]
+    packed = memoryview(array("q", prompt))
+    for start, end in ((0, 6), (1, 3), (5, 6)):
+        assert token_digest(packed[start:end]) == token_digest(prompt[start:end])
