@@ -63,20 +63,31 @@ def block_fact(engine: MemoryEngine) -> Callable[[str], str]:
 
 
 @pytest.fixture(scope="session")
-def tool_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MemoryEngine]:
-    """An engine on a small random-weight model with Qwen2.5's tool chat template
-    (``tests/tool_model.py``), for the mechanics of tools and structured output."""
-    from inferscale_memory import MemoryEngine
-
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small random-weight model folder with a tokenizer and Qwen2.5's tool chat template
+    (``tests/tool_model.py``). With ``enforce_eager=True`` an engine on it starts in seconds
+    (SmolLM2 with torch.compile: 1-3 minutes on 2 CPU cores), so tests of the engine's
+    lifecycle (start, shutdown, restart, processes, budgets) use it; its answers are noise.
+    """
     # By path: the adapters' own ``tests`` packages shadow ours as an import name.
     spec = importlib.util.spec_from_file_location(
         "tool_model", Path(__file__).parent / "tests" / "tool_model.py")
     assert spec is not None and spec.loader is not None
     tool_model = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tool_model)
-    folder = tool_model.write_tool_model(
+    folder: Path = tool_model.write_tool_model(
         tmp_path_factory.mktemp("tool-model") / "qwen-template-tiny")
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tool_engine(tiny_model: Path,
+                tmp_path_factory: pytest.TempPathFactory) -> Iterator[MemoryEngine]:
+    """An engine on the tiny model with Qwen2.5's tool chat template, for the mechanics of
+    tools and structured output."""
+    from inferscale_memory import MemoryEngine
+
     store = tmp_path_factory.mktemp("tool-store") / "memory.sqlite"
-    with MemoryEngine(str(folder), store_path=str(store), kv_cache_gb=1, max_model_len=2048,
-                      recompute_tail=0, capture_context=0) as shared:
+    with MemoryEngine(str(tiny_model), store_path=str(store), kv_cache_gb=1,
+                      max_model_len=2048, recompute_tail=0, capture_context=0) as shared:
         yield shared

@@ -2,17 +2,24 @@
 lines, exits 0, and leaves no vLLM process behind, whether it closes the engine (``with``),
 forgets to (interpreter exit), is interrupted by Ctrl-C, or is the server stopped by a
 signal. vLLM's own output goes to a log file unless asked for (``vllm_logs``).
+
+The programs run the tiny random-weight model with ``enforce_eager`` (``INFERSCALE_MODEL``,
+``INFERSCALE_ENFORCE_EAGER``): what is under test is how the engine's processes end, not
+what the model says, and a start then takes seconds instead of minutes.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -75,20 +82,58 @@ if __name__ == "__main__":
 """
 
 
-def env(tmp_path: Path, **extra: str) -> dict[str, str]:
-    (tmp_path / "tmp").mkdir(exist_ok=True)
-    values = {**os.environ, "INFERSCALE_DATA_DIR": str(tmp_path), "TMPDIR": str(tmp_path / "tmp"),
-              **extra}
-    values.pop("VLLM_LOGGING_LEVEL", None)  # vLLM's default verbosity, as a user has it
-    return values
+class Programs:
+    """Starts a test's programs as a terminal does: each in a session of its own (its
+    process group then holds it and vLLM's processes), with Ctrl-C raising
+    KeyboardInterrupt even when the shell that started pytest ignores SIGINT (a background
+    job; Python keeps an inherited SIG_IGN). :meth:`end` kills what is left of them."""
+
+    def __init__(self, tmp_path: Path, tiny_model: Path, temp: Path) -> None:
+        self.tmp_path, self.temp = tmp_path, temp
+        self.env = {**os.environ, "INFERSCALE_DATA_DIR": str(tmp_path), "TMPDIR": str(temp),
+                    "INFERSCALE_MODEL": str(tiny_model), "INFERSCALE_ENFORCE_EAGER": "true"}
+        self.env.pop("VLLM_LOGGING_LEVEL", None)  # vLLM's default verbosity, as a user has it
+        self.groups: list[int] = []
+
+    @staticmethod
+    def terminal_signals() -> None:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+    def popen(self) -> dict[str, object]:
+        """Keyword arguments of ``subprocess.Popen`` for a program started as a terminal does."""
+        return dict(start_new_session=True, preexec_fn=self.terminal_signals)
+
+    def started(self, pid: int) -> None:
+        self.groups.append(pid)  # a session leader's pid is its group's id
+
+    def end(self) -> None:
+        for group in self.groups:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(group, signal.SIGKILL)
 
 
-def run_script(tmp_path: Path, mode: str, interrupt: bool = False) -> tuple[int, str, str]:
-    script = tmp_path / "program.py"
+@pytest.fixture
+def programs(tmp_path: Path, tiny_model: Path) -> Iterator[Programs]:
+    """Whatever the test's outcome, what is left of its programs is killed after its checks,
+    so that a failure leaves no engine running to slow the tests after it. Their TMPDIR is
+    short: vLLM's socket paths under it must fit in 107 characters (``sockaddr_un``)."""
+    temp = Path(tempfile.mkdtemp(prefix="shutdown-"))
+    started = Programs(tmp_path, tiny_model, temp)
+    try:
+        yield started
+    finally:
+        started.end()
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+def run_script(programs: Programs, mode: str,
+               interrupt: bool = False) -> tuple[int, str, str]:
+    script = programs.tmp_path / "program.py"
     script.write_text(textwrap.dedent(SCRIPT))
-    program = subprocess.Popen([sys.executable, str(script), mode], env=env(tmp_path),
+    program = subprocess.Popen([sys.executable, str(script), mode], env=programs.env,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               start_new_session=True)  # its own group, as in a terminal
+                               **programs.popen())  # type: ignore[call-overload]
+    programs.started(program.pid)
     if interrupt:
         assert program.stdout is not None
         lines = []
@@ -98,9 +143,9 @@ def run_script(tmp_path: Path, mode: str, interrupt: bool = False) -> tuple[int,
                 time.sleep(1)
                 os.killpg(program.pid, signal.SIGINT)
                 break
-        out, err = program.communicate(timeout=300)
+        out, err = program.communicate(timeout=120)
         return program.returncode, "".join(lines) + out, err
-    out, err = program.communicate(timeout=900)
+    out, err = program.communicate(timeout=600)
     return program.returncode, out, err
 
 
@@ -121,9 +166,9 @@ def assert_gone(pids: list[int]) -> None:
 
 
 @pytest.mark.parametrize("mode", ["close", "exit"])
-def test_a_program_prints_only_its_own_lines_and_leaves_no_process(tmp_path: Path,
+def test_a_program_prints_only_its_own_lines_and_leaves_no_process(programs: Programs,
                                                                    mode: str) -> None:
-    code, out, err = run_script(tmp_path, mode)
+    code, out, err = run_script(programs, mode)
     assert code == 0, err
     assert err == "", err  # no vLLM log line, warning, progress bar or shutdown error
     assert [line.split(":")[0] for line in out.splitlines()] == \
@@ -136,21 +181,23 @@ def test_a_program_prints_only_its_own_lines_and_leaves_no_process(tmp_path: Pat
     if mode == "close":
         assert out.splitlines()[-1] == "left:"  # none once close() returned
     assert_gone(children)
-    assert not list((tmp_path / "tmp").glob("inferscale-vllm-*"))  # vLLM's log is removed
+    assert not list(programs.temp.glob("inferscale-vllm-*"))  # vLLM's log is removed
 
 
-def test_ctrl_c_stops_the_program_cleanly(tmp_path: Path) -> None:
-    code, out, err = run_script(tmp_path, "interrupt", interrupt=True)
+def test_ctrl_c_stops_the_program_cleanly(programs: Programs) -> None:
+    code, out, err = run_script(programs, "interrupt", interrupt=True)
     assert code == 0, err
     assert "interrupted" in out.splitlines()
     assert err == "", err
     assert_gone(children_of(out))
 
 
-def test_the_server_stops_on_a_signal_with_only_its_own_lines(tmp_path: Path) -> None:
-    server = ServeProcess(env(tmp_path, INFERSCALE_STORE_PATH=str(tmp_path / "memory.sqlite"),
-                              INFERSCALE_KV_CACHE_GB="1", INFERSCALE_MAX_MODEL_LEN="2048"),
-                          start_new_session=True)
+def test_the_server_stops_on_a_signal_with_only_its_own_lines(programs: Programs) -> None:
+    server = ServeProcess({**programs.env,
+                           "INFERSCALE_STORE_PATH": str(programs.tmp_path / "memory.sqlite"),
+                           "INFERSCALE_KV_CACHE_GB": "1", "INFERSCALE_MAX_MODEL_LEN": "2048"},
+                          **programs.popen())
+    programs.started(server.process.pid)
     try:
         children = [p.pid for p in server.wait_ready()]
         os.killpg(server.process.pid, signal.SIGINT)  # Ctrl-C in its terminal
@@ -167,10 +214,10 @@ def test_the_server_stops_on_a_signal_with_only_its_own_lines(tmp_path: Path) ->
 
 
 def test_an_engine_that_fails_to_start_leaves_no_process_and_closes_its_store(
-        tmp_path: Path) -> None:
+        programs: Programs) -> None:
     # The vLLM engine and the store are opened before the header is captured; a failure
     # there must not leak them until the interpreter exits.
-    code, out, err = run_script(tmp_path, "start-fails")
+    code, out, err = run_script(programs, "start-fails")
     assert code == 0, err
     lines = out.splitlines()
     assert "failed: header capture failed" in lines and "store closed" in lines, out
