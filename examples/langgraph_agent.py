@@ -13,6 +13,7 @@ from __future__ import annotations
 import tempfile
 from typing import Any, Literal
 
+from facts import CAROLINE
 from langchain.agents import create_agent
 from langchain.agents.middleware import wrap_model_call
 from langchain_core.messages import AnyMessage, HumanMessage, ToolMessage
@@ -21,7 +22,6 @@ from langgraph.checkpoint.memory import InMemorySaver
 from inferscale_memory import MemoryEngine
 from langchain_inferscale import ChatInferScale
 
-FACTS = ["Caroline moved to Berlin in May 2023.", "Caroline works as a nurse."]
 QUESTIONS = ["What is the weather where Caroline lives?", "What is the weather in Paris?"]
 
 
@@ -45,27 +45,35 @@ def tool_first(request: Any, handler: Any) -> Any:
     return handler(request.override(tool_choice="any", model_settings=settings))
 
 
-def run(engine: MemoryEngine, user: str = "caroline") -> list[list[AnyMessage]]:
-    """Two questions in one thread; print the tool calls, answers and memory metrics."""
-    engine.memory.add(FACTS, user_id=user)
-    agent = create_agent(ChatInferScale(engine=engine, max_tokens=48), tools=[get_weather],
-                         middleware=[tool_first], checkpointer=InMemorySaver())
+def run(engine: MemoryEngine, user: str = "caroline") -> dict[str, list[list[AnyMessage]]]:
+    """Two questions in one thread, by KV and by text; returns each path's turns."""
+    engine.memory.add(CAROLINE, user_id=user)
+    agents = {mode: create_agent(ChatInferScale(engine=engine, k=10, mode=mode, max_tokens=48),
+                                 tools=[get_weather], middleware=[tool_first],
+                                 checkpointer=InMemorySaver()) for mode in ("kv", "text")}
     config = {"configurable": {"thread_id": "demo", "user_id": user}}
-    turns = []
+    turns: dict[str, list[list[AnyMessage]]] = {mode: [] for mode in agents}
     for question in QUESTIONS:
         print(f"Q: {question}")
-        turn = this_turn(agent.invoke({"messages": [HumanMessage(question)]}, config)["messages"])
-        for message in turn:
-            for call in getattr(message, "tool_calls", []):
-                print(f"tool call: {call['name']}({call['args']})")
-            if isinstance(message, ToolMessage):
-                print(f"tool result: {message.content}")
-        memory = turn[-1].response_metadata["memory"]
-        print(f"A: {turn[-1].content}")
-        print(f"   {len(memory['fact_ids'])} facts: {memory['injected_tokens']} tokens injected,"
-              f" {memory['cached_tokens']} from the prefix cache, TTFT {memory['ttft_ms']:.0f} ms")
-        turns.append(turn)
+        for mode, agent in agents.items():
+            messages = agent.invoke({"messages": [HumanMessage(question)]}, config)["messages"]
+            turns[mode].append(show(mode, this_turn(messages)))
     return turns
+
+
+def show(mode: str, turn: list[AnyMessage]) -> list[AnyMessage]:
+    """Print each model step (a tool call or the answer) with what it injected, reused
+    from vLLM's prefix cache (an earlier step's facts) and computed; and the tool results."""
+    for message in turn[1:]:
+        if isinstance(message, ToolMessage):
+            print(f"  tool result: {message.content}")
+            continue
+        m = message.response_metadata["memory"]
+        said = ", ".join(f"{c['name']}({c['args']})" for c in message.tool_calls)
+        print(f"  [{mode}] injected {m['injected_tokens']} tokens, {m['cached_tokens']} cached, "
+              f"computed {m['computed_tokens']}, TTFT {m['ttft_ms']:.0f} ms: "
+              f"{said or repr(message.content)}")
+    return turn
 
 
 def main() -> None:

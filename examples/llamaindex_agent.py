@@ -13,6 +13,7 @@ import asyncio
 import tempfile
 from typing import Literal
 
+from facts import CAROLINE
 from llama_index.core.agent.workflow import AgentOutput, FunctionAgent, ToolCallResult
 from llama_index.core.memory import Memory
 
@@ -28,25 +29,29 @@ def get_weather(city: Literal["Berlin", "Paris", "Rome"]) -> str:
     return f"12 C and rain in {city}"
 
 
-async def run(engine: MemoryEngine, user: str = "caroline") -> list[object]:
-    """One question: the tool call, its result and the answer; returns the agent's events."""
-    engine.memory.add(["Caroline moved to Berlin in May 2023.",
-                       "Caroline works as a nurse."], user_id=user)
-    memory = Memory.from_defaults(session_id=user, memory_blocks=[
-        InferScaleMemoryBlock(engine=engine, user_id=user, k=5)])
-    agent = FunctionAgent(tools=[get_weather], llm=InferScaleLLM(engine=engine, max_tokens=48),
-                          initial_tool_choice="get_weather")
+async def run(engine: MemoryEngine, user: str = "caroline") -> dict[str, list[object]]:
+    """One question by KV and by text: the tool call, its result and the answer; returns
+    each path's agent events."""
+    engine.memory.add(CAROLINE, user_id=user)
     print(f"Q: {QUESTION}")
+    return {mode: await ask(engine, user, mode) for mode in ("kv", "text")}
+
+
+async def ask(engine: MemoryEngine, user: str, mode: str) -> list[object]:
+    memory = Memory.from_defaults(session_id=f"{user}-{mode}", memory_blocks=[
+        InferScaleMemoryBlock(engine=engine, user_id=user, k=10)])
+    llm = InferScaleLLM(engine=engine, mode=mode, max_tokens=48)
+    agent = FunctionAgent(tools=[get_weather], llm=llm, initial_tool_choice="get_weather")
     handler = agent.run(QUESTION, memory=memory)
     events = [event async for event in handler.stream_events()]
     for event in events:
         if isinstance(event, ToolCallResult):
-            print(f"tool call: {event.tool_name}({event.tool_kwargs}) -> {event.tool_output}")
+            print(f"  tool call: {event.tool_name}({event.tool_kwargs}) -> {event.tool_output}")
         if isinstance(event, AgentOutput) and isinstance(event.raw, ChatResult):
-            metrics = event.raw.metrics  # the engine's answer of this step
-            print(f"   step: injected {metrics.injected_tokens} tokens of "
-                  f"{len(metrics.fact_ids)} facts, TTFT {metrics.ttft_ms:.0f} ms")
-    print(f"A: {await handler}")
+            m = event.raw.metrics  # the engine's answer of this step
+            print(f"  [{mode}] step: injected {m.injected_tokens} tokens, {m.cached_tokens} "
+                  f"cached, computed {m.computed_tokens}, TTFT {m.ttft_ms:.0f} ms")
+    print(f"  [{mode}] A: {await handler}")
     return events
 
 

@@ -11,31 +11,36 @@ from __future__ import annotations
 
 import tempfile
 
-import mem0_inferscale
-from inferscale_memory import MemoryEngine
+from facts import CAROLINE
 
-USER = "caroline"
+import mem0_inferscale
+from inferscale_memory import ChatResult, MemoryEngine
+
+
+def run(engine: MemoryEngine, folder: str, user: str = "caroline") -> list[ChatResult]:
+    """Add, update and delete through Mem0; answer by KV and by text."""
+    memory = mem0_inferscale.from_engine(engine, folder=folder)
+    added = memory.add([{"role": "user", "content": fact} for fact in CAROLINE],
+                       user_id=user, infer=False)
+    job_id = next(m["id"] for m in added["results"] if "nurse" in m["memory"])
+    memory.update(job_id, text="Caroline works as a surgeon.")
+    replies = [mem0_inferscale.answer(memory, "What is Caroline's job?", user_id=user, k=10,
+                                      mode=mode, max_tokens=32) for mode in ("kv", "text")]
+    for reply in replies:  # same token ids; a cold text prefill may round apart
+        m = reply.metrics
+        print(f"[{m.mode}] injected {m.injected_tokens} tokens, computed {m.computed_tokens}, "
+              f"TTFT {m.ttft_ms:.0f} ms: {reply.text!r}")
+    memory.delete(job_id)
+    print("left:", len(memory.get_all(filters={"user_id": user})["results"]), "memories")
+    print("history:", [e["event"] for e in memory.history(job_id)])
+    return replies
 
 
 def main() -> None:
-    """Add, update and delete through Mem0; answer by KV and by text."""
     # Stores of its own (the engine's and Mem0's): the example never touches your data.
     with tempfile.TemporaryDirectory() as folder, \
             MemoryEngine(store_path=f"{folder}/memory.sqlite") as engine:
-        memory = mem0_inferscale.from_engine(engine, folder=folder)
-        added = memory.add([{"role": "user", "content": "Caroline moved to Berlin in 2023."},
-                            {"role": "user", "content": "Caroline works as a nurse."}],
-                           user_id=USER, infer=False)
-        job_id = added["results"][1]["id"]
-        memory.update(job_id, text="Caroline works as a surgeon.")
-        for mode in ("kv", "text"):  # same token ids; a cold text prefill may round apart
-            reply = mem0_inferscale.answer(memory, "What is Caroline's job?", user_id=USER,
-                                           k=2, mode=mode, max_tokens=32)
-            print(f"[{mode}] {reply.text!r}: TTFT {reply.metrics.ttft_ms:.0f} ms, "
-                  f"injected {reply.metrics.injected_tokens} tokens")
-        memory.delete(job_id)
-        print("left:", [m["memory"] for m in memory.get_all(filters={"user_id": USER})["results"]])
-        print("history:", [e["event"] for e in memory.history(job_id)])
+        run(engine, folder)
 
 
 if __name__ == "__main__":

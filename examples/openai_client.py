@@ -12,46 +12,53 @@ from __future__ import annotations
 
 import os
 import uuid
+from typing import Any
 
 import httpx
+from facts import CAROLINE
 from openai import OpenAI
 
 BASE_URL = os.environ.get("INFERSCALE_URL", "http://127.0.0.1:8000/v1")
 API_KEY = os.environ.get("OPENAI_API_KEY", "none")
-USER = f"zora-example-{uuid.uuid4().hex[:8]}"  # a user of its own, deleted at the end
 
 
-def main() -> None:
-    """Store a fact through /v1/memories, then ask about it with and without memory."""
-    headers = {"Authorization": f"Bearer {API_KEY}"}
-    with httpx.Client(base_url=BASE_URL, headers=headers, timeout=120) as http:
-        added = http.post("/memories", json={"user_id": USER,
-                                             "text": ["Zora's dog is called Pepper.",
-                                                      "Zora lives in Lisbon."]})
-        added.raise_for_status()
-        print("stored:", [m["text"] for m in added.json()["data"]])
+def run(base_url: str = BASE_URL, api_key: str = API_KEY) -> list[Any]:
+    """Store facts through /v1/memories, ask about them, delete them; returns the replies."""
+    user = f"caroline-example-{uuid.uuid4().hex[:8]}"  # a user of its own, deleted at the end
+    with httpx.Client(base_url=base_url, timeout=120,
+                      headers={"Authorization": f"Bearer {api_key}"}) as http:
+        http.post("/memories", json={"user_id": user, "text": CAROLINE}).raise_for_status()
+        try:
+            return ask(OpenAI(base_url=base_url, api_key=api_key), user)
+        finally:
+            http.delete("/memories", params={"user_id": user, "all": "true"})
 
-    client = OpenAI(base_url=BASE_URL, api_key=API_KEY)
+
+def ask(client: OpenAI, user: str) -> list[Any]:
+    """One question with memory by KV, by text and off; then streamed."""
     model = client.models.list().data[0].id
-    question = [{"role": "user", "content": "What is the name of Zora's dog?"}]
+    question = [{"role": "user", "content": "What is the name of Caroline's dog?"}]
+    replies = []
     for mode in ("kv", "text", "off"):
         reply = client.chat.completions.create(
-            model=model, messages=question, max_tokens=24, user=USER,
-            extra_body={"memory": {"k": 5, "mode": mode}})
+            model=model, messages=question, max_tokens=24, user=user,
+            extra_body={"memory": {"k": 10, "mode": mode}})
         usage, memory = reply.usage, reply.memory  # type: ignore[attr-defined]
-        print(f"[{mode:>4}] {reply.choices[0].message.content!r}")
-        print(f"       prompt {usage.prompt_tokens} tokens, injected "  # type: ignore[union-attr]
-              f"{usage.injected_tokens}, computed {usage.computed_prompt_tokens}, "  # type: ignore
-              f"TTFT {memory['ttft_ms']:.1f} ms, facts {memory['fact_ids']}")
-
+        print(f"[{mode}] injected {usage.injected_tokens} tokens, computed "  # type: ignore
+              f"{usage.computed_prompt_tokens}, TTFT {memory['ttft_ms']:.0f} ms: "  # type: ignore
+              f"{reply.choices[0].message.content!r}")
+        replies.append(reply)
     print("streamed: ", end="", flush=True)
     for chunk in client.chat.completions.create(model=model, messages=question, max_tokens=24,
-                                                user=USER, stream=True):
+                                                user=user, stream=True):
         if chunk.choices and chunk.choices[0].delta.content:
             print(chunk.choices[0].delta.content, end="", flush=True)
     print()
-    with httpx.Client(base_url=BASE_URL, headers=headers, timeout=120) as http:
-        http.delete("/memories", params={"user_id": USER, "all": "true"}).raise_for_status()
+    return replies
+
+
+def main() -> None:
+    run()
 
 
 if __name__ == "__main__":
