@@ -35,6 +35,7 @@ from inferscale_memory.fields import (
     describe,
     kv_cache_dtype_problem,
 )
+from inferscale_memory.schema_limits import merged_limits
 
 ENV_PREFIX = "INFERSCALE_"
 # The fields of the answer-quality policy (docs/quality.md).
@@ -135,6 +136,12 @@ class MemoryConfig(BaseSettings):
             kept, but it has attended to them. ``0`` captures each fact right after the
             header. Costs capture tokens (and one vector search per captured fact),
             nothing at answer time.
+        schema_limits: Bounds on what one request may ask of guided decoding
+            (``response_format`` schemas, tools), by name, over the defaults of
+            :class:`~inferscale_memory.schema_limits.SchemaLimits`: ``schema_bytes``,
+            ``properties``, ``enum_values``, ``depth``, ``refs``, ``pattern_chars``,
+            ``pattern_star_height``, ``tools`` (docs/reliability.md). Holds every limit
+            once validated, e.g. ``{"properties": 5000}`` raises one and keeps the others.
     """
 
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", frozen=True)
@@ -170,6 +177,9 @@ class MemoryConfig(BaseSettings):
     fact_order: FactOrder = "rank"
     recompute_tail: Annotated[RecomputeTail, _NUMBER] = 4
     capture_context: Annotated[CaptureContext, _NUMBER] = 4
+    schema_limits: Annotated[dict[str, Annotated[Int, Field(ge=0)]],
+                             AfterValidator(merged_limits)] = Field(
+        default_factory=dict, validate_default=True)
 
     def __init__(self, **values: Any) -> None:
         """Validate ``values`` over ``INFERSCALE_*`` env vars and the defaults.

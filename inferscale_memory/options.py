@@ -35,6 +35,7 @@ from inferscale_memory.fields import (
     describe,
 )
 from inferscale_memory.layout import validate_messages
+from inferscale_memory.schema_limits import SchemaLimits
 from inferscale_memory.store import Fact, ScoredFact
 from inferscale_memory.tools import ToolRequest, check_tool_request, refuse_without_template
 
@@ -136,7 +137,7 @@ def check_chat(config: MemoryConfig, messages: Any, *, k: int | None, mode: str,
         options, default_max_tokens=config.max_tokens,
         max_logprobs=config.engine_args.get("max_logprobs", DEFAULT_MAX_LOGPROBS))
     tooling = check_tool_request(tools, tool_choice, parallel_tool_calls, response_format,
-                                 tool_parser)
+                                 tool_parser, SchemaLimits(**config.schema_limits))
     uses_tools = (tooling is not None and tooling.calls_tools) or any(
         m["role"] == "tool" or m.get("tool_calls") for m in conversation)
     if uses_tools and tool_parser is None:

@@ -41,10 +41,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from inferscale_memory.errors import InvalidInputError
+from inferscale_memory.schema_limits import SchemaLimits, check_guided
 
 TOOL_CHOICES = ("auto", "none", "required")
 RESPONSE_FORMATS = ("text", "json_object", "json_schema")
-MAX_TOOLS = 128
 TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 # Parsers of vLLM (``--tool-call-parser`` names), by a marker of the chat template.
 TEMPLATE_PARSERS = (("<tool_call>", "hermes"), ("<|python_tag|>", "llama3_json"),
@@ -147,13 +147,18 @@ class ToolRequest:
 
 def check_tool_request(tools: Any = None, tool_choice: Any = None,
                        parallel_tool_calls: Any = None, response_format: Any = None,
-                       parser: str | None = None) -> ToolRequest | None:
-    """Check the tool and output options of one call (``None``: none given).
+                       parser: str | None = None, limits: SchemaLimits | None = None
+                       ) -> ToolRequest | None:
+    """Check the tool and output options of one call (``None``: none given), and what
+    their schemas ask of guided decoding against ``limits`` (``None``: the defaults; the
+    engine passes its config's ``schema_limits``).
 
     Raises:
         InvalidInputError: A malformed tool, an unknown ``tool_choice``, a named function
             that is not among ``tools``, a bad ``response_format``, or a ``response_format``
             other than text together with tools that may be called.
+        SchemaLimitError: Schemas or tools past ``limits``
+            (:func:`~inferscale_memory.schema_limits.check_guided`).
     """
     if tools is None and tool_choice is None and parallel_tool_calls is None \
             and response_format is None:
@@ -165,6 +170,10 @@ def check_tool_request(tools: Any = None, tool_choice: Any = None,
             f"parallel_tool_calls must be true or false; got {parallel_tool_calls!r:.50}")
     request = ToolRequest(checked, choice, parallel_tool_calls is not False,
                           _response_format(response_format), parser)
+    fmt = request.response_format
+    check_guided(limits or SchemaLimits(),
+                 fmt["json_schema"].get("schema") if fmt and fmt["type"] == "json_schema" else None,
+                 [t["function"].get("parameters") for t in checked])
     if request.calls_tools and request.structured_outputs() is not None \
             and request.response_format not in (None, {"type": "text"}):
         raise InvalidInputError("response_format and tools constrain the same answer; "
@@ -322,8 +331,8 @@ def check_tool_calls(calls: Any, where: str) -> list[dict[str, Any]]:
 def _tools(tools: Any) -> list[dict[str, Any]]:
     if tools is None:
         return []
-    if not isinstance(tools, list | tuple) or len(tools) > MAX_TOOLS:
-        raise InvalidInputError(f"tools must be a list of at most {MAX_TOOLS} tools")
+    if not isinstance(tools, list | tuple):
+        raise InvalidInputError("tools must be a list of tools")
     out, names = [], set()
     for i, tool in enumerate(tools):
         function = tool.get("function") if isinstance(tool, dict) else None

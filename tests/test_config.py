@@ -146,3 +146,25 @@ def test_errors_name_the_field_however_the_config_is_built(
     monkeypatch.setenv("INFERSCALE_ENGINE_ARGS", "{not json")
     with pytest.raises(ConfigError, match="INFERSCALE_"):
         MemoryConfig.load()
+
+
+def test_schema_limits_merge_over_the_defaults_from_kwargs_env_and_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from inferscale_memory.schema_limits import SchemaLimits
+
+    defaults = vars(SchemaLimits())
+    assert MemoryConfig().schema_limits == defaults
+    assert MemoryConfig(schema_limits={"properties": 5000}).schema_limits == {
+        **defaults, "properties": 5000}
+    monkeypatch.setenv("INFERSCALE_SCHEMA_LIMITS", '{"tools": 4}')
+    assert MemoryConfig.load().schema_limits["tools"] == 4
+    path = tmp_path / "config.json"
+    path.write_text('{"schema_limits": {"depth": 8}}')
+    monkeypatch.delenv("INFERSCALE_SCHEMA_LIMITS")
+    assert MemoryConfig.load(path).schema_limits == {**defaults, "depth": 8}
+    with pytest.raises(ConfigError, match=r"unknown schema_limits keys \['colour'\]; known "
+                                          r"keys: \['schema_bytes', 'properties'"):
+        MemoryConfig(schema_limits={"colour": 3})
+    for bad in ({"properties": -1}, {"properties": True}, {"properties": "many"}, [5]):
+        with pytest.raises(ConfigError, match="schema_limits"):
+            MemoryConfig(schema_limits=bad)

@@ -194,6 +194,14 @@ def test_response_formats() -> None:
     (dict(response_format={"type": "json_schema"}), "json_schema"),
     (dict(tools=[WEATHER], tool_choice="required", response_format={"type": "json_object"}),
      "constrain the same answer"),
+    # what guided decoding may be asked (inferscale_memory.schema_limits; issue 30)
+    (dict(response_format={"type": "json_schema", "json_schema": {"name": "o", "schema": {
+        "type": "string", "pattern": "^(a+)+$"}}}), r"schema_limits\.pattern_star_height"),
+    (dict(tools=[{"type": "function", "function": {"name": f"t{i}"}} for i in range(129)]),
+     r"129 tools, over the limit of 128 \(schema_limits\.tools\)"),
+    (dict(tools=[{**WEATHER, "function": {**WEATHER["function"], "parameters": {
+        "type": "object", "properties": {"unit": {"enum": list(range(5000))}}}}}]),
+     r"tools\.0\.function\.parameters: an enum of 5000 values"),
 ])
 def test_bad_requests_are_refused(kwargs: dict[str, Any], match: str) -> None:
     with pytest.raises(InvalidInputError, match=match):

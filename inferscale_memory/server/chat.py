@@ -18,6 +18,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
 from inferscale_memory.results import ChatChunk, ChatResult
+from inferscale_memory.schema_limits import SchemaLimits
 from inferscale_memory.server.context import ServerContext, context, principal, request_user
 from inferscale_memory.server.errors import (
     APIError,
@@ -154,7 +155,7 @@ class _Call:
         if body.stream and body.logprobs:
             raise APIError(400, "logprobs are only supported without stream",
                            param="logprobs", code="unsupported_parameter")
-        check_request(body)
+        check_request(body, SchemaLimits(**ctx.engine.config.schema_limits))
         return cls(ctx, body, user, salt_user)
 
     def checked(self, result: ChatResult) -> ChatResult:

@@ -1,43 +1,57 @@
 """What the server refuses in a chat request before the engine sees it: JSON schemas that
-no answer can conform to, and tool results that answer no call.
+no answer can conform to or that ask too much of guided decoding, and tool results that
+answer no call.
 
 A schema reaches vLLM's guided decoding (``response_format``, a tool's ``parameters``).
 Two kinds were answered 200 with unconstrained JSON, as if it conformed: a ``type`` that
 admits nothing (``[]``, or no JSON type), and a ``$ref`` to another document (the grammar
 compiler fetches nothing). Only the schema's own keywords are read: ``enum``, ``const``,
-``default`` and ``examples`` hold data, and ``properties`` maps names to schemas.
+``default`` and ``examples`` hold data, and ``properties`` maps names to schemas (the walk
+is :func:`~inferscale_memory.schema_limits.subschemas`). The engine's bounds on schemas
+(:func:`~inferscale_memory.schema_limits.check_guided`, which the engine applies too) are
+checked here first, so that a refusal names its parameter.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
+from inferscale_memory.schema_limits import (
+    RESPONSE_PARAM,
+    SchemaLimitError,
+    SchemaLimits,
+    check_guided,
+    subschemas,
+)
 from inferscale_memory.server.errors import APIError
 from inferscale_memory.server.schemas import ChatCompletionRequest, ChatMessage
 
 JSON_TYPES = frozenset({"string", "number", "integer", "boolean", "object", "array", "null"})
-# Keywords whose value is a schema, a list of schemas, or a map of name -> schema.
-ONE_SCHEMA = ("items", "additionalItems", "additionalProperties", "contains", "not", "if",
-              "then", "else", "propertyNames", "unevaluatedItems", "unevaluatedProperties")
-SCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems", "items")
-SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas",
-               "dependencies")
 
 
-def check_request(body: ChatCompletionRequest) -> None:
-    """Refuse ``body`` if a schema of it admits nothing or refers to another document, or
-    a tool result answers no earlier tool call.
+def check_request(body: ChatCompletionRequest, limits: SchemaLimits | None = None) -> None:
+    """Refuse ``body`` if its schemas or tools go past ``limits`` (``None``: the defaults;
+    the server passes its engine's ``schema_limits``), a schema of it admits nothing or
+    refers to another document, or a tool result answers no earlier tool call.
 
     Raises:
         APIError: 400, naming the parameter at fault.
     """
     rf = body.response_format
-    if rf is not None and rf.json_schema is not None and rf.json_schema.json_schema:
-        check_schema(rf.json_schema.json_schema, "response_format.json_schema.schema")
-    for i, tool in enumerate(body.tools or []):
-        if tool.function.parameters:
-            check_schema(tool.function.parameters, f"tools.{i}.function.parameters")
+    response_schema = rf.json_schema.json_schema if rf is not None and rf.type == "json_schema" \
+        and rf.json_schema is not None else None
+    tool_parameters = [tool.function.parameters for tool in body.tools or []]
+    try:
+        check_guided(limits or SchemaLimits(), response_schema, tool_parameters)
+    except SchemaLimitError as exc:
+        raise APIError(400, str(exc), param=exc.param, code="invalid_schema"
+                       if exc.limit is None else "schema_too_complex") from None
+    if response_schema:
+        check_schema(response_schema, RESPONSE_PARAM)
+    for i, parameters in enumerate(tool_parameters):
+        if parameters:
+            check_schema(parameters, f"tools.{i}.function.parameters")
     check_tool_results(body.messages)
 
 
@@ -47,7 +61,7 @@ def check_schema(schema: dict[str, Any], param: str) -> None:
     Raises:
         APIError: 400 naming ``param``.
     """
-    for where, node in _subschemas(schema):
+    for where, _, node in subschemas(schema):
         problem = _type_problem(node.get("type")) if "type" in node else None
         ref = node.get("$ref")
         if problem is None and "$ref" in node and not (isinstance(ref, str)
@@ -85,24 +99,3 @@ def _type_problem(value: Any) -> str | None:
     if unknown:
         return f"type {unknown[0]!r} is not a JSON type (one of {sorted(JSON_TYPES)})"
     return None
-
-
-def _subschemas(schema: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
-    """Every schema within ``schema`` (itself included) with its path; iterative, so a
-    deeply nested schema cannot exhaust the stack."""
-    stack: list[tuple[str, Any]] = [("", schema)]
-    while stack:
-        where, node = stack.pop()
-        if not isinstance(node, dict):
-            continue  # true/false schemas; a malformed one is vLLM's to refuse
-        yield where, node
-        for key in ONE_SCHEMA:
-            if isinstance(node.get(key), dict):
-                stack.append((f"{where}/{key}", node[key]))
-        for key in SCHEMA_LISTS:
-            if isinstance(node.get(key), list):
-                stack.extend((f"{where}/{key}/{i}", item) for i, item in enumerate(node[key]))
-        for key in SCHEMA_MAPS:
-            if isinstance(node.get(key), dict):
-                stack.extend((f"{where}/{key}/{name}", item)
-                             for name, item in node[key].items())

@@ -84,6 +84,32 @@ def test_bad_chat_requests_are_400(server: ServerHandle, model: str, change: dic
         assert response.json()["error"]["param"] == param
 
 
+# Schemas that held the engine core for minutes (issue 30, item 2): refused before vLLM.
+NESTED_PATTERN = {"type": "string", "pattern": "^(a+)+$"}
+WIDE_SCHEMA = {"type": "object", "required": [f"field_{i:04d}" for i in range(8000)],
+               "properties": {f"field_{i:04d}": {"type": "string"} for i in range(8000)}}
+
+
+@pytest.mark.parametrize(("change", "param", "limit"), [
+    ({"response_format": json_schema(NESTED_PATTERN)}, "response_format.json_schema.schema",
+     "pattern_star_height"),
+    ({"response_format": json_schema(WIDE_SCHEMA)}, "response_format.json_schema.schema",
+     "schema_bytes"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": NESTED_PATTERN}}],
+      "tool_choice": "required"}, "tools.0.function.parameters", "pattern_star_height"),
+], ids=["nested-pattern", "8000-properties", "tool"])
+def test_schemas_past_the_guided_decoding_limits_are_400(
+        server: ServerHandle, model: str, change: dict[str, Any], param: str,
+        limit: str) -> None:
+    with http(server) as client:
+        response = client.post("/chat/completions",
+                               json={"model": model, **GOOD, "max_tokens": 48, **change})
+    assert_openai_error(response, 400, "schema_too_complex")
+    error = response.json()["error"]
+    assert error["param"] == param
+    assert f"schema_limits.{limit}" in error["message"], error
+
+
 def test_malformed_requests_and_the_server_keeps_serving(server: ServerHandle,
                                                          model: str) -> None:
     json_header = {"Content-Type": "application/json"}
