@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.engine, pytest.mark.slow]
+pytestmark = pytest.mark.engine
 
 KV_SPACE = "VLLM_CPU_KVCACHE_SPACE"
 
