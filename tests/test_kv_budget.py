@@ -7,12 +7,16 @@ the host tier's least recently used ones are evicted. An answer naming a demoted
 copies it back (a host hit: injected, not recomputed); one naming an evicted fact
 computes it from text (and recaptures it in the background). Every greedy answer equals
 the text path's.
+
+The engine runs the tiny random-weight model with ``enforce_eager``: the pool's bookkeeping
+and the KV path's exactness are under test, not the model's answers.
 """
 
 from __future__ import annotations
 
 import random
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -25,14 +29,16 @@ THINGS = ["violin", "kayak", "garden", "telescope", "bakery", "chess club"]
 
 
 @pytest.fixture(scope="module")
-def small_pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MemoryEngine]:
+def small_pool(tiny_model: Path,
+               tmp_path_factory: pytest.TempPathFactory) -> Iterator[MemoryEngine]:
     store = tmp_path_factory.mktemp("budget") / "memory.sqlite"
-    # About 70 token rows of SmolLM2's KV (23 KiB a token in bf16): the header and a few
-    # facts of ~12 tokens; the host tier holds about 140 rows. Pure injection: the answers
-    # below name one fact, which the default policy would compute instead of injecting.
-    with MemoryEngine(store_path=str(store), kv_cache_gb=1, max_model_len=1024,
-                      kv_pool_gb=0.0015, kv_host_pool_gb=0.003, recompute_tail=0,
-                      capture_context=0) as engine:
+    # About 70 token rows of the tiny model's KV (8 KiB a token in bf16: 4 layers of 4 KV
+    # heads of 128): the header and a few facts of ~12 tokens; the host tier holds about
+    # 140 rows. Pure injection: the answers below name one fact, which the default policy
+    # would compute instead of injecting.
+    with MemoryEngine(str(tiny_model), store_path=str(store), kv_cache_gb=1,
+                      max_model_len=1024, kv_pool_gb=0.00053, kv_host_pool_gb=0.00107,
+                      recompute_tail=0, capture_context=0, enforce_eager=True) as engine:
         yield engine
 
 
