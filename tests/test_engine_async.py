@@ -7,7 +7,6 @@ import asyncio
 import importlib.util
 import re
 import tempfile
-import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
@@ -69,11 +68,14 @@ def framework_calls(engine: MemoryEngine) -> dict[str, Callable[[], Any]]:
             "InferScaleRetriever.invoke": lambda: retriever.invoke("When does Ada sail?")}
 
 
-def test_a_closed_engine_refuses_every_call_at_once(tmp_path: Path) -> None:
+@pytest.mark.timeout(300)  # a call that waited on the closed engine would hang here
+def test_a_closed_engine_refuses_every_call_at_once(tmp_path: Path, tiny_model: Path) -> None:
     path = tmp_path / "memory.sqlite"
     temp = Path(tempfile.gettempdir())
     litter = uuid_named(temp)
-    with MemoryEngine(store_path=str(path), kv_cache_gb=1, max_model_len=1024) as engine:
+    # The tiny random-weight model: only the closed engine's refusals are under test.
+    with MemoryEngine(str(tiny_model), store_path=str(path), kv_cache_gb=1,
+                      max_model_len=1024, enforce_eager=True) as engine:
         sockets = engine.runtime.socket_folder
         assert sockets is not None and uuid_named(sockets)  # vLLM's sockets are there
         fact = engine.memory.add("Ada sails on Sundays.", user_id="closed")
@@ -98,10 +100,14 @@ def test_a_closed_engine_refuses_every_call_at_once(tmp_path: Path) -> None:
         **framework_calls(engine),
     }
     for name, call in calls.items():
-        start = time.monotonic()
-        with pytest.raises(EngineClosedError, match="closed"):
+        # Refused by the closed check itself: a call that reached the stopped engine or the
+        # closed store would fail otherwise (EngineDeadError, StoreError) or hang.
+        try:
             call()
-        assert time.monotonic() - start < 2, name
+        except EngineClosedError as exc:
+            assert "closed" in str(exc), name
+        else:
+            pytest.fail(f"{name} on a closed engine was not refused")
     engine.close()  # idempotent
     # Nothing was lost or half-done: the store holds the one fact, unchanged.
     config = MemoryConfig.load(store_path=str(path))
