@@ -40,12 +40,24 @@ def watch_parent() -> None:
     """
     global _watching
     owner = os.environ.get(OWNER_ENV)
-    if _watching or owner is None or owner == str(os.getpid()):
+    if _watching or owner is None or owner == str(os.getpid()) or not owner.isdigit():
         return
     _watching = True
-    parent = os.getppid()
-    threading.Thread(target=_watch, args=(parent,), name="inferscale-lifeline",
-                     daemon=True).start()
+    # The owner's pid comes from the environment, not from getppid(): an owner that died
+    # before this runs has handed its children to another parent already.
+    threading.Thread(target=_watch, args=(os.getppid(), int(owner)),
+                     name="inferscale-lifeline", daemon=True).start()
+
+
+def is_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (a process of another user counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def leave_interrupts_to_owner() -> None:
@@ -58,10 +70,12 @@ def leave_interrupts_to_owner() -> None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def _watch(parent: int) -> None:
-    while os.getppid() == parent:  # a dead parent's children are handed to another
+def _watch(parent: int, owner: int) -> None:
+    # A dead parent's children are handed to another; the owner is checked itself too,
+    # so a worker does not wait for the engine core between them to notice.
+    while os.getppid() == parent and is_alive(owner):
         time.sleep(POLL_S)
-    logger.warning("the engine's owner (pid %d) is gone: stopping pid %d", parent,
+    logger.warning("the engine's owner (pid %d) is gone: stopping pid %d", owner,
                    os.getpid())
     os.kill(os.getpid(), signal.SIGTERM)  # vLLM's handler shuts the process down
     time.sleep(GRACE_S)

@@ -45,3 +45,42 @@ def test_engine_processes_end_when_the_server_is_killed(tmp_path: Path,
         for child in children:
             if alive(child):
                 child.kill()
+
+
+def test_engine_processes_end_when_the_server_is_killed_during_the_start(
+        tmp_path: Path, tiny_model: Path) -> None:
+    """Killed while its engine starts (on a real model: a minute or more of compiling),
+    the server leaves nothing behind: vLLM's processes watch the owner from their start
+    (the package's vLLM plugin), not from when the connector is built after the model
+    loads, when an orphan's parent is already another process. The kill comes as soon as
+    the engine core has started its worker: the engine core is then loading the model."""
+    env = {**os.environ, "INFERSCALE_STORE_PATH": str(tmp_path / "memory.sqlite"),
+           "INFERSCALE_DATA_DIR": str(tmp_path), "INFERSCALE_KV_CACHE_GB": "1",
+           "INFERSCALE_MAX_MODEL_LEN": "2048", "INFERSCALE_CAPTURE_CONTEXT": "0",
+           "INFERSCALE_MODEL": str(tiny_model), "INFERSCALE_ENFORCE_EAGER": "true"}
+    server = ServeProcess(env)
+    seen: dict[int, psutil.Process] = {}
+    try:
+        owner = psutil.Process(server.process.pid)
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline and not server._ready.is_set():
+            with contextlib.suppress(psutil.Error):
+                for child in owner.children(recursive=True):
+                    seen.setdefault(child.pid, child)
+            if any(child.ppid() != owner.pid for child in seen.values() if alive(child)):
+                break  # a grandchild: the engine core's worker
+            time.sleep(0.05)
+        assert not server._ready.is_set(), "the start ended before the kill: nothing tested"
+        assert seen, "".join(server.output[-40:])
+        server.process.send_signal(signal.SIGKILL)
+        server.process.wait(30)
+        deadline = time.monotonic() + 60
+        while any(alive(child) for child in seen.values()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        orphans = [(child.pid, child.name()) for child in seen.values() if alive(child)]
+        assert not orphans, f"still running a minute after the kill -9 during the start: {orphans}"
+    finally:
+        server.finish()
+        for child in seen.values():
+            if alive(child):
+                child.kill()

