@@ -1,7 +1,8 @@
 """Facts outlive the engine: a new engine over the same store serves them again.
 
-Both engines run the tiny random-weight model with ``enforce_eager``: the facts' KV paths
-are under test, not the model's answers.
+The new engine runs the tiny random-weight model with ``enforce_eager`` (it starts without
+torch.compile): what it must show is the store's facts served with none of their KV, which
+does not depend on the model; the facts are added through the shared engine.
 """
 
 from __future__ import annotations
@@ -15,21 +16,17 @@ from inferscale_memory import MemoryEngine
 pytestmark = pytest.mark.engine
 
 
-def tiny_engine(model: Path, store: Path) -> MemoryEngine:
-    return MemoryEngine(str(model), store_path=str(store), kv_cache_gb=1, max_model_len=4096,
-                        recompute_tail=0, capture_context=0, enforce_eager=True)
-
-
-def test_restarted_engine_serves_stored_facts(tiny_model: Path, tmp_path: Path) -> None:
-    store = tmp_path / "memory.sqlite"
+def test_restarted_engine_serves_stored_facts(engine: MemoryEngine, engine_store_path: Path,
+                                              tiny_model: Path) -> None:
+    facts = engine.memory.add(["Ravi's passport number ends in 771.",
+                               "Ravi flies to Nairobi on Friday."], user_id="restart")
     question = [{"role": "user", "content": "Where does Ravi fly on Friday?"}]
-    with tiny_engine(tiny_model, store) as engine:
-        facts = engine.memory.add(["Ravi's passport number ends in 771.",
-                                   "Ravi flies to Nairobi on Friday."], user_id="restart")
-        before = engine.chat(question, user_id="restart", k=2, max_tokens=12)
+    before = engine.chat(question, user_id="restart", k=2, max_tokens=12)
 
     # A new engine process over the same durable store: nothing of its KV exists yet.
-    with tiny_engine(tiny_model, store) as restarted:
+    with MemoryEngine(str(tiny_model), store_path=str(engine_store_path), kv_cache_gb=1,
+                      max_model_len=4096, recompute_tail=0, capture_context=0,
+                      enforce_eager=True) as restarted:
         assert {f.id for f in restarted.memory.list(user_id="restart")} == {f.id for f in facts}
         first = restarted.chat(question, user_id="restart", k=2, max_tokens=12)
         assert sorted(first.metrics.recomputed_fact_ids) == sorted(f.id for f in facts)
