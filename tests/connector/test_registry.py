@@ -252,6 +252,24 @@ OPS = st.lists(st.tuples(st.sampled_from(["register", "forget", "delete", "touch
                          st.sampled_from(KEYS), st.integers(1, 12)), max_size=40)
 
 
+def apply_op(reg: FactRegistry, op: str, key: FactKey, length: int, reserved: int) -> int:
+    """Apply one generated change other than ``register``; returns the tokens reserved."""
+    if op == "reserve":
+        return reserved + (length if reg.reserve(length).fits else 0)
+    if op == "release":
+        reg.release(min(length, reserved))
+        return reserved - min(length, reserved)
+    if op == "promote" and reg.is_on_host(key):
+        reg.promote(key)
+    elif op in ("forget", "delete", "touch"):
+        getattr(reg, op)(key)
+    elif op == "pin":
+        reg.pin([key])
+    elif op == "end_step":
+        reg.end_step()
+    return reserved
+
+
 @settings(max_examples=300, deadline=None)
 @given(ops=OPS, budget=st.integers(8, 30), host=st.one_of(st.none(), st.integers(1, 30)))
 def test_tiers_stay_within_their_budgets_and_counts_add_up(
@@ -263,20 +281,11 @@ def test_tiers_stay_within_their_budgets_and_counts_add_up(
         pinned_on_device = pinned & set(reg.device)
         if op == "register" and length <= budget - reg.device_tokens - reserved:
             reg.register(key, fact(length))  # a capture that fitted, as the scheduler's do
-        elif op == "reserve":
-            reserved += length if reg.reserve(length).fits else 0
-        elif op == "release":
-            reg.release(min(length, reserved))
-            reserved -= min(length, reserved)
-        elif op == "promote" and reg.is_on_host(key):
-            reg.promote(key)
-        elif op in ("forget", "delete", "touch"):
-            getattr(reg, op)(key)
-        elif op == "pin":
-            reg.pin([key])
+        elif op != "register":
+            reserved = apply_op(reg, op, key, length, reserved)
+        if op == "pin":
             pinned.add(key)
         elif op == "end_step":
-            reg.end_step()
             pinned.clear()
         if op not in ("forget", "delete", "register"):
             assert pinned_on_device <= set(reg.device)  # no move took a pinned fact away
@@ -407,19 +416,8 @@ def test_an_unchanged_version_means_unchanged_registrations(
         before = (reg.version, [reg.get(k) for k in KEYS])
         if op == "register":
             reg.register(key, Registered(bytes([length]), length))
-        elif op == "reserve":
-            reserved += length if reg.reserve(length).fits else 0
-        elif op == "release":
-            reg.release(min(length, reserved))
-            reserved -= min(length, reserved)
-        elif op == "promote" and reg.is_on_host(key):
-            reg.promote(key)
-        elif op in ("forget", "delete", "touch"):
-            getattr(reg, op)(key)
-        elif op == "pin":
-            reg.pin([key])
-        elif op == "end_step":
-            reg.end_step()
+        else:
+            reserved = apply_op(reg, op, key, length, reserved)
         if reg.version == before[0]:
             assert [reg.get(k) for k in KEYS] == before[1]
 
