@@ -96,6 +96,8 @@ class FakeEngine:
         self.config = MemoryConfig(max_fact_tokens=256, dtype="bfloat16")
         self.builder = type("Builder", (), {"fact_ids": staticmethod(str.split)})()
         self.model_path = Path("fake-model")
+        self.model_name = self.model_path.name
+        self.max_model_len = 2048
         self.runtime = type("Runtime", (), {"max_model_len": 2048, "start_s": 12.34})()
         self.calls: list[tuple[str, int, str]] = []
         self.resets = 0
