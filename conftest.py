@@ -89,5 +89,6 @@ def tool_engine(tiny_model: Path,
 
     store = tmp_path_factory.mktemp("tool-store") / "memory.sqlite"
     with MemoryEngine(str(tiny_model), store_path=str(store), kv_cache_gb=1,
-                      max_model_len=2048, recompute_tail=0, capture_context=0) as shared:
+                      max_model_len=2048, recompute_tail=0, capture_context=0,
+                      enforce_eager=True) as shared:
         yield shared
