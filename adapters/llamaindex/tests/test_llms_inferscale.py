@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -114,9 +113,9 @@ def test_unknown_parameters_are_refused_at_construction_and_call(engine: MemoryE
 def test_context_window_is_the_engines(engine: MemoryEngine) -> None:
     assert InferScaleLLM(engine=engine).metadata.context_window == engine.max_model_len
     assert engine.max_model_len == engine.runtime.max_model_len == 4096  # the session's
-    longer = SimpleNamespace(max_model_len=8192,                       # stands in for
-                             model_path=Path("SmolLM2-135M-Instruct"),  # an 8k engine
-                             tool_parser=None)                          # without tools
+    longer = SimpleNamespace(max_model_len=8192,                    # stands in for
+                             model_name="SmolLM2-135M-Instruct",     # an 8k engine
+                             tool_parser=None)                       # without tools
     assert InferScaleLLM(engine=longer).metadata.context_window == 8192
     assert InferScaleLLM(engine=engine, context_window=1000).metadata.context_window == 1000
 

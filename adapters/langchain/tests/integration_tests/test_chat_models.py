@@ -13,7 +13,8 @@ from langchain_inferscale import ChatInferScale
 pytestmark = pytest.mark.engine
 USER = "lc-standard"
 # What SmolLM2-135M-Instruct itself gets wrong in these tests (its answers under guided
-# decoding, not our parsing; the same calls on Qwen2.5's template: test_tools.py). Skipped:
+# decoding, not our parsing; the same calls on Qwen2.5's template: test_tools.py). Marked
+# xfail(run=False), as the suite's own check requires of an overridden test, and not run:
 # run, they cost engine time and, as non-strict xfails, could not fail.
 WRONG_ARGUMENT = ("SmolLM2-135M, forced to call magic_function for 'magic_function(3)', "
                   "writes another integer as its input (e.g. 100)")
@@ -71,30 +72,30 @@ class TestChatInferScaleIntegration(ChatModelIntegrationTests):
     def supports_model_override(self) -> bool:
         return False  # one engine serves one model
 
-    @pytest.mark.skip(reason=WRONG_ARGUMENT)
+    @pytest.mark.xfail(run=False, reason=WRONG_ARGUMENT)
     @pytest.mark.parametrize("model", [{}, {"output_version": "v1"}], indirect=True)
     def test_tool_calling(self, model: Any) -> None:
         super().test_tool_calling(model)
 
-    @pytest.mark.skip(reason=WRONG_ARGUMENT)
+    @pytest.mark.xfail(run=False, reason=WRONG_ARGUMENT)
     async def test_tool_calling_async(self, model: Any) -> None:
         await super().test_tool_calling_async(model)
 
-    @pytest.mark.skip(reason=NO_CALL_ON_ITS_OWN)
+    @pytest.mark.xfail(run=False, reason=NO_CALL_ON_ITS_OWN)
     @pytest.mark.parametrize("model", [{}, {"output_version": "v1"}], indirect=True)
     def test_agent_loop(self, model: Any) -> None:
         super().test_agent_loop(model)
 
-    @pytest.mark.skip(reason="json_mode constrains the answer to some JSON object only; "
-                      "SmolLM2-135M does not write the keys the prompt asks for")
+    @pytest.mark.xfail(run=False, reason="json_mode constrains the answer to some JSON "
+                       "object only; SmolLM2-135M does not write the keys the prompt asks for")
     def test_json_mode(self, model: Any) -> None:
         super().test_json_mode(model)
 
-    @pytest.mark.skip(reason=REPEATS_CALLS)
+    @pytest.mark.xfail(run=False, reason=REPEATS_CALLS)
     def test_tool_calling_with_no_arguments(self, model: Any) -> None:
         super().test_tool_calling_with_no_arguments(model)
 
-    @pytest.mark.skip(reason=LONG_ARGUMENT)
+    @pytest.mark.xfail(run=False, reason=LONG_ARGUMENT)
     def test_unicode_tool_call_integration(self, model: Any, *, tool_choice: str | None = None,
                                            force_tool_call: bool = True) -> None:
         super().test_unicode_tool_call_integration(model, tool_choice=tool_choice,
