@@ -171,7 +171,7 @@ def run_demo(model: str | None = None, k: int = 10) -> None:
             for user_id, facts in FACTS.items():
                 engine.memory.add(facts, user_id=user_id)
             tail = engine.config.recompute_tail
-            print(f"model: {engine.model_path.name}; {len(FACTS)} users with "
+            print(f"model: {engine.model_name}; {len(FACTS)} users with "
                   f"{len(FACTS['caroline'])} facts each; {k} retrieved per question")
             print(f"kv:   the facts' KV computed once when added and injected; the last "
                   f"{tail} (nearest the question) computed\ntext: every fact computed from "

@@ -13,6 +13,7 @@ import atexit
 import contextlib
 import itertools
 import logging
+import secrets
 import shutil
 import threading
 import time
@@ -392,8 +393,6 @@ def request_salt(user: str | None, params: RequestParams | None) -> str:
       caller that wants its requests to share blocks names a user, e.g.
       ``chat(user_id=..., memory=False)``; the server names the API key).
     """
-    import secrets  # only here: the rest of this module needs no randomness
-
     if params is None:
         return cache_salt(user, "text") if user else f"inferscale-own-{secrets.token_hex(20)}"
     if params.inject:

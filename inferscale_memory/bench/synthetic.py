@@ -323,7 +323,7 @@ def run_synthetic(shape: str, ks: list[int], trials: int, concurrency: int, outp
     folder = write_dummy_model(workdir / shape, shape)
     vocab = int(SHAPES[shape]["vocab_size"])
     save = None if out is None else functools.partial(write_json, out)
-    runtime = dummy_runtime(folder, **dict(config))
+    runtime = dummy_runtime(folder, **config)
     try:
         work = SyntheticWorkload(runtime, vocab, recompute_tail=tail)
         report = runtime.run(measure_synthetic(work, shape, ks, trials, concurrency,
@@ -335,7 +335,7 @@ def run_synthetic(shape: str, ks: list[int], trials: int, concurrency: int, outp
     if save is not None:
         save(report)
     if vllm_floor:
-        plain = dummy_runtime(folder, connector=False, **dict(config))
+        plain = dummy_runtime(folder, connector=False, **config)
         try:
             report["vllm_floor"] = plain.run(measure_floor(
                 SyntheticWorkload(plain, vocab), trials=max(3 * trials, 30)))
