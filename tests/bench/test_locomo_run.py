@@ -106,3 +106,21 @@ def test_resumed_report_shows_the_resumed_command_and_limit(
     assert "`inferscale-memory bench locomo --limit 1`" in report  # the first run, noted
     config = json.loads((out / "config.json").read_text())
     assert config["resumes"][-1]["answers_before"] == first
+
+
+def test_text_path_reuse_needs_the_same_prompts(fake_engine: FakeEngine, locomo_file: Path,
+                                                tmp_path: Path) -> None:
+    source = run(fake_engine, locomo_file, tmp_path / "text", ks=(1,), limit=1).path
+    fake_engine.config = fake_engine.config.replace(recompute_tail=2)
+    reused = run(fake_engine, locomo_file, tmp_path / "tail2", ks=(1,), limit=1,
+                 text_from=source)  # rank order: the tail does not move a fact
+    assert {r["mode"]: r.get("reused_from") for r in reused.rows()}["text"] == str(source)
+    fake_engine.config = fake_engine.config.replace(fact_order="time")
+    with pytest.raises(InvalidInputError, match="fact_order"):
+        run(fake_engine, locomo_file, tmp_path / "time", ks=(1,), limit=1, text_from=source)
+    fake_engine.config = fake_engine.config.replace(fact_order="time_rank", recompute_tail=4)
+    mixed = run(fake_engine, locomo_file, tmp_path / "mixed4", ks=(1,), limit=1).path
+    fake_engine.config = fake_engine.config.replace(recompute_tail=2)
+    # time_rank places the tail's best-ranked facts last: another tail, other prompts
+    with pytest.raises(InvalidInputError, match="recompute_tail"):
+        run(fake_engine, locomo_file, tmp_path / "mixed2", ks=(1,), limit=1, text_from=mixed)
