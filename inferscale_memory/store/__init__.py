@@ -6,8 +6,9 @@ index backends (:class:`ExactIndex` in-process by default;
 :func:`open_index` builds the one a :class:`~inferscale_memory.MemoryConfig` names.
 """
 
+from inferscale_memory.store.backends import open_index
 from inferscale_memory.store.facts import Fact, ScoredFact
-from inferscale_memory.store.index import ExactIndex, VectorIndex, open_index
+from inferscale_memory.store.index import ExactIndex, VectorIndex
 from inferscale_memory.store.memory_store import MemoryStore
 
 __all__ = ["ExactIndex", "Fact", "MemoryStore", "ScoredFact", "VectorIndex", "open_index"]

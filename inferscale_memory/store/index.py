@@ -2,7 +2,8 @@
 
 :class:`VectorIndex` is the interface of every backend; :class:`ExactIndex` is the embedded
 default, exact search with numpy; :class:`~inferscale_memory.store.qdrant.QdrantIndex` keeps
-the vectors in Qdrant (embedded or a server).
+the vectors in Qdrant (embedded or a server). :func:`~inferscale_memory.store.backends.open_index`
+picks one; this module knows no backend but its own.
 
 Every index keeps one namespace per user: a search only ever sees the vectors of the user
 it names. Scores are cosine similarities of L2-normalised vectors; results are ordered best
@@ -15,14 +16,10 @@ import logging
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from inferscale_memory.errors import InvalidInputError
-
-if TYPE_CHECKING:
-    from inferscale_memory.config import MemoryConfig
 
 logger = logging.getLogger(__name__)
 
@@ -287,16 +284,3 @@ class ExactIndex(VectorIndex):
             user = self._users.get(user_id)
             return 0 if user is None else user.n
 
-
-def open_index(config: MemoryConfig, dim: int | None = None) -> VectorIndex:
-    """Return the vector index that ``config`` names (``index`` and ``qdrant_*``).
-
-    Raises:
-        MissingDependencyError: ``index="qdrant"`` without ``qdrant-client`` installed.
-        StoreError: The Qdrant server cannot be reached or its folder is in use.
-    """
-    if config.index == "qdrant":
-        from inferscale_memory.store.qdrant import QdrantIndex
-
-        return QdrantIndex.from_config(config, dim)
-    return ExactIndex(dim)

@@ -35,8 +35,9 @@ from inferscale_memory.errors import (
     UnknownUserError,
 )
 from inferscale_memory.store import _checks
+from inferscale_memory.store.backends import open_index
 from inferscale_memory.store.facts import Fact, ScoredFact
-from inferscale_memory.store.index import ExactIndex, VectorIndex, open_index
+from inferscale_memory.store.index import ExactIndex, VectorIndex
 from inferscale_memory.store.sqlite import FactDB
 
 if TYPE_CHECKING:
