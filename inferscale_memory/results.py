@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from inferscale_memory.store import ScoredFact
 from inferscale_memory.tools import ToolCall, ToolCallDelta
 
 if TYPE_CHECKING:
     from inferscale_memory.connector.params import RequestParams
+    from inferscale_memory.connector.report import ConnectorReport
     from inferscale_memory.layout import PromptLayout
     from inferscale_memory.runtime import Completion
 
@@ -62,10 +63,10 @@ class ChatMetrics:
            mode: str, start: float, retrieval_s: float) -> ChatMetrics:
         """The metrics of a finished answer to ``layout``, sent with ``params``, that was
         asked at ``perf_counter()`` time ``start`` and spent ``retrieval_s`` retrieving."""
-        injected = int(done.report.get("injected_tokens", 0))
+        injected = done.report.injected_tokens
         prompt_tokens = len(layout.token_ids)
         fact_ids = [fid for fid, _, _ in layout.fact_spans]
-        missing = {name for ns, name in done.report.get("missing", []) if ns}
+        missing = {key.name for key in done.report.missing if key.ns}
         named = [span.key.name for span in params.inject if span.key.ns] if params else []
         return cls(
             mode=mode,
@@ -149,21 +150,21 @@ class KVStats:
     host_tokens: int = 0
     host_budget_tokens: int | None = None
 
-    def record_report(self, report: dict[str, Any]) -> None:
+    def record_report(self, report: ConnectorReport) -> None:
         """Count what the connector's report of a request says it did to the pool."""
-        self.captured += len(report.get("captured", []))
-        self.evicted += len(report.get("evicted", []))
-        self.demoted += len(report.get("demoted", []))
-        self.promoted += len(report.get("promoted", []))
-        self.deleted += len(report.get("deleted", []))
-        if "pool_tokens" in report:
-            self.pool_tokens = int(report["pool_tokens"])
-            self.budget_tokens = report.get("budget_tokens")
-        if "host_tokens" in report:
-            self.host_tokens = int(report["host_tokens"])
-            self.host_budget_tokens = report.get("host_budget_tokens")
+        self.captured += len(report.captured)
+        self.evicted += len(report.evicted)
+        self.demoted += len(report.demoted)
+        self.promoted += len(report.promoted)
+        self.deleted += len(report.deleted)
+        if report.pool_tokens is not None:
+            self.pool_tokens = report.pool_tokens
+            self.budget_tokens = report.budget_tokens
+        if report.host_tokens is not None:
+            self.host_tokens = report.host_tokens
+            self.host_budget_tokens = report.host_budget_tokens
 
-    def record_chat(self, metrics: ChatMetrics, report: dict[str, Any]) -> None:
+    def record_chat(self, metrics: ChatMetrics, report: ConnectorReport) -> None:
         """Count an answer that named facts for injection: its hits, its misses (computed
         by vLLM), and what its connector report says it did to the pool (promotions and
         the room made for them). An answer that named none counts nothing."""

@@ -26,7 +26,8 @@ from typing import Any, TypeVar
 
 from inferscale_memory import lifeline
 from inferscale_memory.config import MemoryConfig
-from inferscale_memory.connector.params import PARAMS_KEY, RequestParams, cache_salt
+from inferscale_memory.connector.params import RequestParams, cache_salt
+from inferscale_memory.connector.report import ConnectorReport
 from inferscale_memory.errors import EngineClosedError, EngineError
 from inferscale_memory.vllm_log import VllmLog
 
@@ -47,7 +48,7 @@ class Completion:
     ttft_s: float = 0.0
     latency_s: float = 0.0
     num_cached_tokens: int = 0
-    report: dict[str, Any] = field(default_factory=dict)
+    report: ConnectorReport = field(default_factory=ConnectorReport)
     logprobs: list[dict[int, float]] | None = None
     finish_reason: str | None = None
 
@@ -268,7 +269,7 @@ class VllmRuntime:
             if out.finished:
                 done.latency_s = time.perf_counter() - start
                 done.num_cached_tokens = out.num_cached_tokens or 0
-                done.report = (out.kv_transfer_params or {}).get(PARAMS_KEY, {})
+                done.report = ConnectorReport.from_output(out.kv_transfer_params)
                 done.finish_reason = piece.finish_reason
             if piece.text or out.finished:
                 yield Delta(piece.text, done if out.finished else None)
@@ -282,7 +283,7 @@ class VllmRuntime:
             raise EngineError("the engine finished a request without output")
         return completion
 
-    async def control(self, token_ids: list[int], params: RequestParams) -> dict[str, Any]:
+    async def control(self, token_ids: list[int], params: RequestParams) -> ConnectorReport:
         """Send a capture or evict request (one output token); return its report."""
         completion = await self.complete(token_ids, max_tokens=1, params=params)
         return completion.report

@@ -144,13 +144,13 @@ def test_user_cannot_inject_another_users_fact(engine: MemoryEngine) -> None:
         Span(FactKey("", engine.builder.header_name), 0, layout.header_end),
         Span(FactKey("bob", secret.id), *layout.fact_spans[0][1:])))
     done = engine.arun(engine.runtime.complete(layout.token_ids, max_tokens=1, params=forged))
-    assert done.report.get("injected_tokens", 0) == 0 and "error" in done.report
+    assert done.report.injected_tokens == 0 and done.report.error
     # Alice's own key over bob's tokens: the token digest does not match anything of hers.
     mine = RequestParams("alice", layout.layout_id, inject=(
         Span(FactKey("", engine.builder.header_name), 0, layout.header_end),
         Span(FactKey("alice", secret.id), *layout.fact_spans[0][1:])))
     done = engine.arun(engine.runtime.complete(layout.token_ids, max_tokens=1, params=mine))
-    assert done.report["missing"] == [["alice", secret.id]]
+    assert done.report.missing == (FactKey("alice", secret.id),)
 
 
 def test_lifecycle_add_update_delete(engine: MemoryEngine) -> None:
@@ -179,7 +179,7 @@ def test_lifecycle_add_update_delete(engine: MemoryEngine) -> None:
         Span(FactKey("", engine.builder.header_name), 0, layout.header_end),
         Span(FactKey("kenji", fact.id), *layout.fact_spans[0][1:])))
     done = engine.arun(engine.runtime.complete(layout.token_ids, max_tokens=1, params=forged))
-    assert done.report["missing"] == [["kenji", fact.id]]  # evicted from the engine too
+    assert done.report.missing == (FactKey("kenji", fact.id),)  # evicted from the engine too
 
 
 def test_missing_kv_is_recomputed_and_reported(engine: MemoryEngine) -> None:

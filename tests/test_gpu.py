@@ -41,13 +41,13 @@ def test_fact_injected_where_captured_matches_vllms_prefix_cache(tmp_path: Path,
         fresh, warm, kv, moved = runtime.run(
             asyncio.wait_for(inject_vs_prefix_cache(block_workload(runtime), max_tokens=32), 300))
         assert warm.num_cached_tokens == 2 * block
-        assert kv.report["injected_tokens"] == 2 * block
+        assert kv.report.injected_tokens == 2 * block
         assert len(set(warm.logprobs[0].values())) > 1  # the logits say something
         assert kv.token_ids == warm.token_ids
         assert kv.logprobs == warm.logprobs
         # header from the user's prefix cache, facts 1 and 0 (rotated to a new place) loaded
         assert moved.num_cached_tokens == 3 * block
-        assert moved.report["injected_tokens"] == 2 * block
+        assert moved.report.injected_tokens == 2 * block
         print("fresh prefill equals warm prefix:", fresh.logprobs == warm.logprobs)
     finally:
         runtime.close()
@@ -60,6 +60,7 @@ def test_a_fact_demoted_to_host_memory_is_promoted_and_injected_exactly(
     from exactness import block_workload
 
     from inferscale_memory.bench.synthetic import USER, dummy_runtime, write_random_model
+    from inferscale_memory.connector.params import FactKey
 
     block, token_bytes = 16, 4 * 2 * 4 * 128 * 2  # llama-tiny: layers x K,V x heads x dim
     runtime = dummy_runtime(write_random_model(tmp_path / "model", "llama-tiny"),
@@ -82,9 +83,9 @@ def test_a_fact_demoted_to_host_memory_is_promoted_and_injected_exactly(
             return warm, kv
 
         warm, kv = runtime.run(asyncio.wait_for(scenario(), 300))
-        assert kv.report["promoted"] == [[USER, "0"]]
-        assert kv.report["demoted"] == [[USER, "4"]]  # the device's least recent fact
-        assert kv.report["injected_tokens"] == 2 * block and kv.report["missing"] == []
+        assert kv.report.promoted == (FactKey(USER, "0"),)
+        assert kv.report.demoted == (FactKey(USER, "4"),)  # the device's least recent fact
+        assert kv.report.injected_tokens == 2 * block and kv.report.missing == ()
         assert len(set(warm.logprobs[0].values())) > 1
         assert kv.token_ids == warm.token_ids
         assert kv.logprobs == warm.logprobs

@@ -56,15 +56,15 @@ def test_fact_injected_where_captured_matches_vllms_prefix_cache_tp2(
         fresh, warm, kv, moved = runtime.run(
             asyncio.wait_for(inject_vs_prefix_cache(work, max_tokens=16), 600))
         assert warm.num_cached_tokens == 2 * block
-        assert kv.report["injected_tokens"] == 2 * block  # header + fact
-        assert kv.report["missing"] == []
+        assert kv.report.injected_tokens == 2 * block  # header + fact
+        assert kv.report.missing == ()
         assert len(set(warm.logprobs[0].values())) > 1  # the logits say something
         assert kv.token_ids == warm.token_ids
         assert kv.logprobs == warm.logprobs
         # header from the user's prefix cache; fact 1, then fact 0 rotated to a new place
         assert moved.num_cached_tokens == 3 * block
-        assert moved.report["injected_tokens"] == 2 * block
-        assert moved.report["missing"] == []
+        assert moved.report.injected_tokens == 2 * block
+        assert moved.report.missing == ()
         record_property("fresh_equals_warm_logprobs", fresh.logprobs == warm.logprobs)
     finally:
         runtime.close()

@@ -8,7 +8,8 @@ vLLM creates one instance per role in separate processes:
   records each scheduled request's loads, captures and evictions with its block ids.
   ``build_connector_meta`` hands them to the workers for this step.
   ``request_finished`` registers captured facts and returns the request's report
-  (injected tokens, facts recomputed) as the output's ``kv_transfer_params``.
+  (:class:`~.report.ConnectorReport`: injected tokens, facts recomputed, pool moves) as
+  the output's ``kv_transfer_params``.
 * **Worker side** (each worker process). ``register_kv_caches`` probes the cache layout.
   ``start_load_kv`` writes the facts' KV (keys shifted to their new positions) into the
   request's blocks before the forward pass. ``save_kv_layer`` copies captured spans out
@@ -127,4 +128,5 @@ class InferScaleConnector(KVConnectorBase_V1):
     def request_finished(self, request: Any,
                          block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         assert self._scheduler is not None
-        return False, self._scheduler.finished(request)
+        report = self._scheduler.finished(request)
+        return False, report.to_output() if report is not None else None

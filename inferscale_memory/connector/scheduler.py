@@ -18,7 +18,6 @@ from bisect import bisect_right
 from typing import Any
 
 from inferscale_memory.connector.params import (
-    PARAMS_KEY,
     SHARED_NS,
     FactKey,
     ParamsError,
@@ -30,6 +29,7 @@ from inferscale_memory.connector.params import (
 )
 from inferscale_memory.connector.plan import CaptureOp, LoadOp, StepPlan, blocks_of
 from inferscale_memory.connector.registry import FactRegistry, Move, Registered
+from inferscale_memory.connector.report import ConnectorReport
 from inferscale_memory.connector.tracking import (
     CaptureTrack,
     InjectionPlan,
@@ -142,24 +142,25 @@ class SchedulerSide:
                 self.load_failures += 1
                 self.facts.forget(key)
                 self._next.evicts.append(key)
-                if report is not None and [key.ns, key.name] not in report.missing:
-                    report.missing.append([key.ns, key.name])
+                if report is not None and key not in report.missing:
+                    report.missing.append(key)
             tracked.loaded = [p for p in pieces if (p[0], p[1]) not in failed]
 
-    def finished(self, request: RequestLike) -> dict[str, Any] | None:
-        """Register the facts a capture request stored; return the request's report."""
+    def finished(self, request: RequestLike) -> ConnectorReport | None:
+        """Register the facts a capture request stored; return the request's report
+        (``None``: the request was never scheduled and stored nothing)."""
         tracked = self._requests.pop(request.request_id, None)
         if tracked is None:
             return None  # never matched nor scheduled
         captured = self._register_captures(request, tracked.capture)
         if tracked.report is None and not captured:
             return None
-        return {PARAMS_KEY: self._report_body(tracked, captured)}
+        return self._report(tracked, captured)
 
     # -- helpers -----------------------------------------------------------------------
 
     def _register_captures(self, request: RequestLike,
-                           track: CaptureTrack | None) -> list[list[str]]:
+                           track: CaptureTrack | None) -> list[FactKey]:
         """Register the latest capture of each key the request stored, unless a later
         request captured the key again or it was deleted since; returns their names."""
         if track is None:
@@ -173,22 +174,24 @@ class SchedulerSide:
             del self._capturer[key]
             tokens = prompt[span.start:span.end]
             self.facts.register(key, Registered(token_digest(tokens), len(tokens)))
-            captured.append([key.ns, key.name])
+            captured.append(key)
         return captured
 
-    def _report_body(self, tracked: Tracked, captured: list[list[str]]) -> dict[str, Any]:
-        report, moves, facts = tracked.report, tracked.moves.body(), self.facts
-        body: dict[str, Any] = {"captured": captured, **moves}
-        if (captured or moves) and facts.budget_tokens is not None:
-            body.update(pool_tokens=facts.device_tokens, budget_tokens=facts.budget_tokens)
+    def _report(self, tracked: Tracked, captured: list[FactKey]) -> ConnectorReport:
+        """The request's report: its injection, its moves, and the pool's levels after
+        it when it changed them and the pool has a budget."""
+        report, moves, facts = tracked.report or Report(), tracked.moves, self.facts
+        levels: dict[str, int | None] = {}
+        if (captured or moves.any()) and facts.budget_tokens is not None:
+            levels.update(pool_tokens=facts.device_tokens, budget_tokens=facts.budget_tokens)
             if facts.host_budget_tokens is not None:
-                body.update(host_tokens=facts.host_tokens,
-                            host_budget_tokens=facts.host_budget_tokens)
-        if report is not None:
-            body.update(injected_tokens=report.injected_tokens, missing=report.missing)
-            if report.error:
-                body["error"] = report.error
-        return body
+                levels.update(host_tokens=facts.host_tokens,
+                              host_budget_tokens=facts.host_budget_tokens)
+        return ConnectorReport(
+            captured=tuple(captured), injected_tokens=report.injected_tokens,
+            missing=tuple(report.missing), evicted=tuple(moves.evicted),
+            demoted=tuple(moves.demoted), promoted=tuple(moves.promoted),
+            deleted=tuple(moves.deleted), error=report.error or None, **levels)
 
     def _record_injection(self, request: RequestLike, tracked: Tracked,
                           block_ids: list[int], num_external: int) -> None:
@@ -197,7 +200,7 @@ class SchedulerSide:
         assert tracked.report is not None
         # As matched just before in the same scheduling pass: vLLM allocated its claim.
         plan = tracked.plan or self._match(request, tracked)
-        tracked.report.missing = [[s.key.ns, s.key.name] for s in plan.missing]
+        tracked.report.missing = [s.key for s in plan.missing]
         tracked.report.injected_tokens = num_external
         if num_external > 0:
             op = self._load_op(request.request_id, block_ids, plan, num_external)

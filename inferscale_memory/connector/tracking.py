@@ -3,7 +3,8 @@
 A request is tracked from its first match to its end (:class:`Tracked`): its parsed
 parameters, the injection matched for it (:class:`InjectionPlan`), its captures
 (:class:`CaptureTrack`), the pool moves made on its behalf (:class:`Moves`) and what its
-finished report will say (:class:`Report`).
+finished report will say (:class:`Report`, sent as a
+:class:`~.report.ConnectorReport`).
 """
 
 from __future__ import annotations
@@ -51,11 +52,8 @@ class Moves:
         for move, key in moves:
             lists[move].append(key)
 
-    def body(self) -> dict[str, list[list[str]]]:
-        return {name: [[key.ns, key.name] for key in keys]
-                for name, keys in (("evicted", self.evicted), ("demoted", self.demoted),
-                                   ("promoted", self.promoted), ("deleted", self.deleted))
-                if keys}
+    def any(self) -> bool:
+        return bool(self.evicted or self.demoted or self.promoted or self.deleted)
 
 
 @dataclass
@@ -73,7 +71,7 @@ class Report:
     """What a request's finished report says of its injection."""
 
     injected_tokens: int = 0
-    missing: list[list[str]] = field(default_factory=list)
+    missing: list[FactKey] = field(default_factory=list)
     error: str | None = None
 
 

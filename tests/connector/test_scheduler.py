@@ -26,6 +26,7 @@ from inferscale_memory.connector.params import (
 )
 from inferscale_memory.connector.plan import DEMOTE, EVICT, PROMOTE, CaptureOp, LoadOp, StepPlan
 from inferscale_memory.connector.registry import Registered
+from inferscale_memory.connector.report import ConnectorReport
 from inferscale_memory.connector.scheduler import SchedulerSide
 
 pytest.importorskip("vllm")
@@ -104,7 +105,7 @@ def salt(user: str = "alice", layout_id: str = LAYOUT) -> str:
 def capture_all(side: SchedulerSide, req_id: str = "cap",
                 parts: tuple[tuple[FactKey, list[int]], ...] = ((HEADER, HEADER_IDS),
                                                                 (A, A_IDS), (B, B_IDS)),
-                user: str = "alice") -> dict[str, Any] | None:
+                user: str = "alice") -> ConnectorReport | None:
     """Schedule a capture request of ``parts`` (+ a question) and finish it."""
     prompt, spans = layout(*parts, (FactKey(user, "q"), QUESTION))
     req = request(req_id, prompt, RequestParams(user, LAYOUT, capture=tuple(spans[:-1])))
@@ -123,8 +124,7 @@ def primed() -> SchedulerSide:
     side = SchedulerSide()
     report = capture_all(side)
     assert report is not None
-    assert sorted(report[PARAMS_KEY]["captured"]) == sorted(
-        [[k.ns, k.name] for k in (HEADER, A, B)])
+    assert sorted(report.captured) == sorted([HEADER, A, B])
     return side
 
 
@@ -150,8 +150,7 @@ def test_nothing_is_claimed_for_unknown_facts(side: SchedulerSide) -> None:
     assert claimed == 0
     assert plan.is_empty()
     report = side.finished(req)
-    assert report == {PARAMS_KEY: {"captured": [], "injected_tokens": 0,
-                                   "missing": [["", HEADER.name], ["alice", "fa"]]}}
+    assert report == ConnectorReport(missing=(HEADER, A))
 
 
 def test_plain_requests_are_never_claimed(side: SchedulerSide) -> None:
@@ -176,9 +175,7 @@ def test_capture_emits_spans_with_the_request_blocks(side: SchedulerSide) -> Non
     assert plan.captures == [CaptureOp("cap", [7, 3, 9], spans[:3])]
     assert side.facts.device == {}  # registered only when the request finishes
     report = side.finished(req)
-    assert report == {PARAMS_KEY: {"captured": [["", HEADER.name], ["alice", "fa"],
-                                                ["alice", "fb"]],
-                                   "injected_tokens": 0, "missing": []}}
+    assert report == ConnectorReport(captured=(HEADER, A, B))
     assert set(side.facts.device) == {HEADER, A, B}
     assert side.facts.device[A].length == len(A_IDS)
 
@@ -191,7 +188,7 @@ def test_inject_claims_header_and_facts_with_right_pieces(primed: SchedulerSide)
     assert plan.loads == [LoadOp("inj", [4, 8], [(HEADER, 0, 8, 0), (A, 0, 12, 8),
                                                   (B, 0, 10, 20)])]
     report = primed.finished(req)
-    assert report == {PARAMS_KEY: {"captured": [], "injected_tokens": 30, "missing": []}}
+    assert report == ConnectorReport(injected_tokens=30)
     # the plan of the next step no longer carries the load
     assert primed.build_plan([], CachedRequestData.make_empty(), {}).is_empty()
 
@@ -214,7 +211,7 @@ def test_last_prompt_token_is_never_claimed(primed: SchedulerSide) -> None:
     claimed, plan = schedule(primed, req, [2, 3])
     assert claimed == 19
     assert plan.loads[0].pieces == [(HEADER, 0, 8, 0), (A, 0, 11, 8)]
-    assert primed.finished(req)[PARAMS_KEY]["injected_tokens"] == 19
+    assert primed.finished(req).injected_tokens == 19
 
 
 def test_claim_after_a_prefix_cache_hit_loads_only_the_rest(primed: SchedulerSide) -> None:
@@ -240,9 +237,9 @@ def test_forged_span_is_not_claimed_and_is_reported_missing(primed: SchedulerSid
     claimed, plan = schedule(primed, req, [4, 8])
     assert claimed == 8
     assert plan.loads[0].pieces == [(HEADER, 0, 8, 0)]
-    report = primed.finished(req)[PARAMS_KEY]
-    assert report["injected_tokens"] == 8
-    assert report["missing"] == [["alice", "fa"], ["alice", "fb"]]
+    report = primed.finished(req)
+    assert report.injected_tokens == 8
+    assert report.missing == (FactKey("alice", "fa"), FactKey("alice", "fb"))
 
 
 def test_span_of_another_length_is_not_claimed(primed: SchedulerSide) -> None:
@@ -258,7 +255,7 @@ def test_span_not_right_after_the_previous_one_stops_the_claim(primed: Scheduler
     req = request("gap", prompt, params, salt())
     claimed, plan = schedule(primed, req, [4, 8])
     assert claimed == 8
-    assert primed.finished(req)[PARAMS_KEY]["missing"] == [["alice", "fa"]]
+    assert primed.finished(req).missing == (FactKey("alice", "fa"),)
 
 
 def test_missing_fact_in_the_middle_stops_the_claim(side: SchedulerSide) -> None:
@@ -268,7 +265,7 @@ def test_missing_fact_in_the_middle_stops_the_claim(side: SchedulerSide) -> None
     claimed, plan = schedule(side, req, [4, 8])
     assert claimed == 20  # header + A; B is missing, so C (registered) is not loaded
     assert plan.loads[0].pieces == [(HEADER, 0, 8, 0), (A, 0, 12, 8)]
-    assert side.finished(req)[PARAMS_KEY]["missing"] == [["alice", "fb"], ["alice", "fc"]]
+    assert side.finished(req).missing == (FactKey("alice", "fb"), FactKey("alice", "fc"))
 
 
 def test_other_users_key_is_ignored_and_reported(primed: SchedulerSide) -> None:
@@ -279,9 +276,9 @@ def test_other_users_key_is_ignored_and_reported(primed: SchedulerSide) -> None:
     claimed, plan = schedule(primed, req, [4, 8])
     assert claimed == 0
     assert plan.is_empty()
-    report = primed.finished(req)[PARAMS_KEY]
-    assert report["injected_tokens"] == 0
-    assert "own user" in report["error"]
+    report = primed.finished(req)
+    assert report.injected_tokens == 0
+    assert "own user" in report.error
     # even bob's shared header is not loaded: the whole request is served as plain
     assert A in primed.facts.device
 
@@ -292,7 +289,7 @@ def test_bob_may_use_the_shared_header_but_not_alices_facts(primed: SchedulerSid
     claimed, plan = schedule(primed, req, [4, 8])
     assert claimed == 8
     assert plan.loads[0].pieces == [(HEADER, 0, 8, 0)]
-    assert primed.finished(req)[PARAMS_KEY]["missing"] == [["bob", "fa"]]
+    assert primed.finished(req).missing == (FactKey("bob", "fa"),)
 
 
 @pytest.mark.parametrize("request_salt", [None, "", "inferscale-other", "bob", "other-layout"])
@@ -306,9 +303,9 @@ def test_inject_without_its_cache_salt_injects_nothing(primed: SchedulerSide,
     claimed, plan = schedule(primed, req, [4, 8])
     assert claimed == 0
     assert plan.is_empty()
-    report = primed.finished(req)[PARAMS_KEY]
-    assert report["injected_tokens"] == 0
-    assert "cache_salt" in report["error"]
+    report = primed.finished(req)
+    assert report.injected_tokens == 0
+    assert "cache_salt" in report.error
 
 
 def test_unsalted_request_still_captures(side: SchedulerSide) -> None:
@@ -319,9 +316,9 @@ def test_unsalted_request_still_captures(side: SchedulerSide) -> None:
     claimed, plan = schedule(side, req, [4, 8])
     assert claimed == 0
     assert plan.captures == [CaptureOp("mixed", [4, 8], [spans[1]])]
-    report = side.finished(req)[PARAMS_KEY]
-    assert report["captured"] == [["alice", "fa"]]
-    assert "cache_salt" in report["error"]
+    report = side.finished(req)
+    assert report.captured == (FactKey("alice", "fa"),)
+    assert "cache_salt" in report.error
 
 
 def test_malformed_params_are_served_plain_with_an_error(side: SchedulerSide) -> None:
@@ -329,7 +326,7 @@ def test_malformed_params_are_served_plain_with_an_error(side: SchedulerSide) ->
                   {PARAMS_KEY: {"user": "alice", "inject": [["alice", "f", 0, 999]]}}, salt())
     claimed, plan = schedule(side, req, [4])
     assert claimed == 0 and plan.is_empty()
-    assert "outside the prompt" in side.finished(req)[PARAMS_KEY]["error"]
+    assert "outside the prompt" in side.finished(req).error
 
 
 # -- registry upkeep --------------------------------------------------------------------
@@ -342,7 +339,7 @@ def test_already_registered_spans_are_not_captured_again(primed: SchedulerSide) 
                   RequestParams("alice", LAYOUT, capture=tuple(spans)))
     _, plan = schedule(primed, req, [6, 7])
     assert plan.captures == [CaptureOp("again", [6, 7], [spans[2]])]  # only C is new
-    assert primed.finished(req)[PARAMS_KEY]["captured"] == [["alice", "fc"]]
+    assert primed.finished(req).captured == (FactKey("alice", "fc"),)
     assert {k: primed.facts.device[k] for k in before} == before
 
 
@@ -367,7 +364,7 @@ def test_eviction_drops_the_entry_and_reaches_the_workers(primed: SchedulerSide)
     inj = inject_request("after", ((HEADER, HEADER_IDS), (A, A_IDS), (B, B_IDS)))
     claimed, plan = schedule(primed, inj, [1, 2])
     assert claimed == 8
-    assert primed.finished(inj)[PARAMS_KEY]["missing"] == [["alice", "fa"], ["alice", "fb"]]
+    assert primed.finished(inj).missing == (FactKey("alice", "fa"), FactKey("alice", "fb"))
 
 
 def test_load_recorded_before_an_eviction_in_the_same_step_stays(primed: SchedulerSide) -> None:
@@ -406,7 +403,7 @@ def test_unfinished_capture_registers_only_emitted_spans(side: SchedulerSide) ->
     _, plan = schedule(side, req, [11], chunk=16)
     assert [s.key for op in plan.captures for s in op.spans] == [HEADER]
     report = side.finished(req)  # aborted after the first chunk
-    assert report[PARAMS_KEY]["captured"] == [["", HEADER.name]]
+    assert report.captured == (HEADER,)
     assert set(side.facts.device) == {HEADER}
 
 
@@ -426,7 +423,7 @@ def test_resumed_capture_uses_its_new_blocks(side: SchedulerSide, as_new: bool) 
         side.after_alloc(req, [21, 22], 0)
         plan = continue_step(side, req, 30, new_blocks=[21, 22], resumed=True)
     assert plan.captures == [CaptureOp("pre", [21, 22], [spans[1]])]
-    assert side.finished(req)[PARAMS_KEY]["captured"] == [["", HEADER.name], ["alice", "fa"]]
+    assert side.finished(req).captured == (HEADER, A)
 
 
 def test_two_requests_in_one_step(primed: SchedulerSide) -> None:
@@ -588,7 +585,7 @@ def test_user_cannot_capture_the_shared_header_after_its_own_tokens(
     cap = request("bob-cap", junk + HEADER_IDS + QUESTION, raw)
     _, plan = schedule(side, cap, [1])
     assert plan.captures == []
-    assert "error" in side.finished(cap)[PARAMS_KEY]
+    assert side.finished(cap).error
     inj = inject_request("alice", ((HEADER, HEADER_IDS), (A, A_IDS)))
     assert schedule(side, inj, [2, 3])[0] == 0
 
@@ -601,9 +598,8 @@ def test_budget_makes_room_by_evicting_least_recently_used_facts() -> None:
     side = SchedulerSide(budget_tokens=25)
     report = capture_all(side)  # one request: B finds no room (A is in flight), skipped
     assert report is not None
-    assert sorted(report[PARAMS_KEY]["captured"]) == sorted([[HEADER.ns, HEADER.name],
-                                                             [A.ns, A.name]])
-    assert "evicted" not in report[PARAMS_KEY]
+    assert sorted(report.captured) == sorted([HEADER, A])
+    assert report.evicted == ()
     assert set(side.facts.device) == {HEADER, A} and side.facts.device_tokens == 20
 
     # Capturing B makes room in the same step: A (least recently used) is evicted on the
@@ -614,7 +610,7 @@ def test_budget_makes_room_by_evicting_least_recently_used_facts() -> None:
     assert plan.moves == [(EVICT, A)] and plan.evicts == []
     assert [span.key for op in plan.captures for span in op.spans] == [B]
     report = side.finished(req)
-    assert report is not None and report[PARAMS_KEY]["evicted"] == [[A.ns, A.name]]
+    assert report is not None and report.evicted == (A,)
     assert set(side.facts.device) == {HEADER, B} and side.facts.device_tokens == 18
     assert side.facts.evictions == 1
 
@@ -622,8 +618,8 @@ def test_budget_makes_room_by_evicting_least_recently_used_facts() -> None:
     req = inject_request("r", ((HEADER, HEADER_IDS), (B, B_IDS), (A, A_IDS)))
     claimed, _ = schedule(side, req, [1, 2, 3])
     assert claimed == len(HEADER_IDS) + len(B_IDS)
-    body = side.finished(req)
-    assert body is not None and body[PARAMS_KEY]["missing"] == [[A.ns, A.name]]
+    report = side.finished(req)
+    assert report is not None and report.missing == (A,)
 
 
 def test_an_evict_request_reports_the_facts_it_dropped_and_the_pool_after_it() -> None:
@@ -632,15 +628,15 @@ def test_an_evict_request_reports_the_facts_it_dropped_and_the_pool_after_it() -
     assert side.facts.device_tokens == 30
     req = request("ev", HEADER_IDS[:1], RequestParams("alice", LAYOUT, evict=(A, C)))
     schedule(side, req, [9])
-    body = side.finished(req)
-    assert body is not None
+    report = side.finished(req)
+    assert report is not None
     # C was never held: only A is named, and the pool's tokens show its rows given back
-    assert body[PARAMS_KEY]["deleted"] == [[A.ns, A.name]]
-    assert body[PARAMS_KEY]["pool_tokens"] == 18 and body[PARAMS_KEY]["budget_tokens"] == 100
+    assert report.deleted == (A,)
+    assert report.pool_tokens == 18 and report.budget_tokens == 100
     again = request("ev2", HEADER_IDS[:1], RequestParams("alice", LAYOUT, evict=(A,)))
     schedule(side, again, [9])
-    body = side.finished(again)
-    assert body is not None and "deleted" not in body[PARAMS_KEY]
+    report = side.finished(again)
+    assert report is not None and report.deleted == ()
 
 
 def test_injection_refreshes_recency() -> None:
@@ -650,14 +646,14 @@ def test_injection_refreshes_recency() -> None:
     schedule(side, req, [1, 2, 3])
     side.finished(req)  # A is now more recent than B
     report = capture_all(side, "cap2", ((HEADER, HEADER_IDS), (C, C_IDS + [1])))
-    assert report is not None and report[PARAMS_KEY]["evicted"] == [[B.ns, B.name]]
+    assert report is not None and report.evicted == (B,)
     assert set(side.facts.device) == {HEADER, A, C}
 
 
 def test_a_fact_larger_than_the_budget_is_not_captured() -> None:
     side = SchedulerSide(budget_tokens=15)
     report = capture_all(side, parts=((HEADER, HEADER_IDS), (A, A_IDS)))
-    assert report is not None and report[PARAMS_KEY]["captured"] == [[HEADER.ns, HEADER.name]]
+    assert report is not None and report.captured == (HEADER,)
     assert set(side.facts.device) == {HEADER} and side.facts.device_tokens == 8
 
 
@@ -677,7 +673,7 @@ def test_registered_tokens_follow_every_change() -> None:
 # -- a host-memory tier under the device pool ----------------------------------------------
 
 
-def _capture_b_over_a(side: SchedulerSide) -> tuple[StepPlan, dict[str, Any] | None]:
+def _capture_b_over_a(side: SchedulerSide) -> tuple[StepPlan, ConnectorReport | None]:
     """HEADER and A registered (B found no room beside A in flight), then B captured."""
     capture_all(side)
     prompt, spans = layout((HEADER, HEADER_IDS), (B, B_IDS), (FactKey("alice", "q"), QUESTION))
@@ -691,9 +687,8 @@ def test_room_is_made_by_demoting_to_the_host_tier() -> None:
     plan, report = _capture_b_over_a(side)
     assert plan.moves == [(DEMOTE, A)] and plan.evicts == []
     assert report is not None
-    body = report[PARAMS_KEY]
-    assert body["demoted"] == [[A.ns, A.name]] and "evicted" not in body
-    assert body["host_tokens"] == len(A_IDS) and body["host_budget_tokens"] == 30
+    assert report.demoted == (A,) and report.evicted == ()
+    assert report.host_tokens == len(A_IDS) and report.host_budget_tokens == 30
     assert set(side.facts.device) == {HEADER, B} and set(side.facts.host) == {A}
     assert side.facts.demotions == 1 and side.facts.evictions == 0
 
@@ -708,11 +703,11 @@ def test_a_demoted_fact_is_promoted_before_its_load_not_recomputed() -> None:
     # comes back; the workers replay the moves in this order before the loads.
     assert plan.moves == [(DEMOTE, B), (PROMOTE, A)]
     assert [piece[0] for op in plan.loads for piece in op.pieces] == [HEADER, A]
-    body = side.finished(req)
-    assert body is not None
-    assert body[PARAMS_KEY]["missing"] == []
-    assert body[PARAMS_KEY]["promoted"] == [[A.ns, A.name]]
-    assert body[PARAMS_KEY]["demoted"] == [[B.ns, B.name]]
+    report = side.finished(req)
+    assert report is not None
+    assert report.missing == ()
+    assert report.promoted == (A,)
+    assert report.demoted == (B,)
     assert set(side.facts.device) == {HEADER, A} and set(side.facts.host) == {B}
     assert side.facts.device_tokens <= 25 and side.facts.host_tokens == len(B_IDS)
 
@@ -722,21 +717,21 @@ def test_the_host_tier_drops_its_least_recently_used_facts() -> None:
     _capture_b_over_a(side)  # A demoted: the host tier is full
     report = capture_all(side, "cap3", ((HEADER, HEADER_IDS), (C, C_IDS + [1, 2, 3])))
     assert report is not None
-    assert report[PARAMS_KEY]["demoted"] == [[B.ns, B.name]]
-    assert report[PARAMS_KEY]["evicted"] == [[A.ns, A.name]]  # made room for B there
+    assert report.demoted == (B,)
+    assert report.evicted == (A,)  # made room for B there
     assert set(side.facts.host) == {B} and set(side.facts.device) == {HEADER, C}
     req = inject_request("r", ((HEADER, HEADER_IDS), (A, A_IDS)))
     claimed, _ = schedule(side, req, [1, 2, 3])
     assert claimed == len(HEADER_IDS)  # A is gone from both tiers: recomputed
-    body = side.finished(req)
-    assert body is not None and body[PARAMS_KEY]["missing"] == [[A.ns, A.name]]
+    report = side.finished(req)
+    assert report is not None and report.missing == (A,)
 
 
 def test_a_fact_larger_than_the_host_tier_is_evicted() -> None:
     side = SchedulerSide(budget_tokens=25, host_budget_tokens=len(A_IDS) - 1)
     plan, report = _capture_b_over_a(side)
     assert plan.moves == [(EVICT, A)]
-    assert report is not None and report[PARAMS_KEY]["evicted"] == [[A.ns, A.name]]
+    assert report is not None and report.evicted == (A,)
     assert not side.facts.host
 
 
@@ -759,7 +754,7 @@ def test_a_fact_loaded_in_the_step_is_never_moved_to_make_room() -> None:
     assert set(side.facts.device) == {HEADER, A}
     # In a later step, A is fair game again.
     report = capture_all(side, "cap3", ((HEADER, HEADER_IDS), (C, C_IDS)))
-    assert report is not None and report[PARAMS_KEY]["demoted"] == [[A.ns, A.name]]
+    assert report is not None and report.demoted == (A,)
 
 
 def test_deleting_or_recapturing_a_demoted_fact_forgets_its_host_copy() -> None:
@@ -795,10 +790,10 @@ def test_a_fact_whose_load_failed_is_forgotten_reported_missing_and_recaptured()
     assert set(side.facts.device) == {HEADER}
     evicts = side.build_plan([], CachedRequestData.make_empty(), {}).evicts
     assert set(evicts) == {A, B}  # whatever is left of them on the workers
-    body = side.finished(req)
-    assert body is not None
-    assert body[PARAMS_KEY]["missing"] == [[A.ns, A.name], [B.ns, B.name]]
-    assert body[PARAMS_KEY]["injected_tokens"] == len(HEADER_IDS)
+    report = side.finished(req)
+    assert report is not None
+    assert report.missing == (A, B)
+    assert report.injected_tokens == len(HEADER_IDS)
     # The next request claims the header only; A is captured again when asked.
     req = inject_request("r2", ((HEADER, HEADER_IDS), (A, A_IDS), (B, B_IDS)))
     assert side.num_matched_tokens(req, 0) == len(HEADER_IDS)
@@ -922,7 +917,7 @@ def test_a_forged_span_asked_again_is_still_not_claimed(primed: SchedulerSide,
     assert hashed == [HEADER_IDS, forged_a]  # the match stops at A: B is never hashed
     claimed, plan = schedule(primed, req, [4, 8])
     assert claimed == 8 and plan.loads[0].pieces == [(HEADER, 0, 8, 0)]
-    assert primed.finished(req)[PARAMS_KEY]["missing"] == [["alice", "fa"], ["alice", "fb"]]
+    assert primed.finished(req).missing == (FactKey("alice", "fa"), FactKey("alice", "fb"))
 
 
 @pytest.mark.parametrize("change", ["recaptured", "evicted"])
@@ -940,7 +935,7 @@ def test_a_span_gone_stale_while_its_request_waits_is_not_loaded(
     claimed, plan = schedule(primed, req, [4, 8])
     assert claimed == 8 and hashed == []
     assert plan.loads[0].pieces == [(HEADER, 0, 8, 0)]
-    assert primed.finished(req)[PARAMS_KEY]["missing"] == [["alice", "fa"], ["alice", "fb"]]
+    assert primed.finished(req).missing == (FactKey("alice", "fa"), FactKey("alice", "fb"))
 
 
 # -- the match against a reference, token by token ---------------------------------------
@@ -986,9 +981,9 @@ def test_claims_and_loads_match_a_token_by_token_reference(
     claimed, plan = schedule(side, req, list(range(len(prompt) // 16 + 1)), local_hit=hit)
     assert claimed == max(0, claim_end - hit)
     assert [op.pieces for op in plan.loads] == ([pieces] if claimed else [])
-    report = side.finished(req)[PARAMS_KEY]
-    assert report["missing"] == [[s.key.ns, s.key.name] for s in spans[len(usable):]]
-    assert report["injected_tokens"] == claimed
+    report = side.finished(req)
+    assert report.missing == tuple(s.key for s in spans[len(usable):])
+    assert report.injected_tokens == claimed
 
 
 def test_a_step_plan_crosses_to_other_worker_processes_intact(primed: SchedulerSide) -> None:
