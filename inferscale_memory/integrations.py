@@ -5,7 +5,10 @@ default engine per model in the process (:func:`default_engine`). The engine run
 private event loop; its async API (``achat``, ``astream_chat``, ``memory.aadd``, ...) can
 be awaited from any loop, and :func:`on_engine` carries any other coroutine of the engine
 across. A user with no facts yet needs nothing here: the engine answers them without
-memory (``metrics.memory_used`` is ``False``).
+memory (``metrics.memory_used`` is ``False``). An answer's text reaches the framework as
+a user should see it: :func:`shown` (a whole answer), :func:`shown_stream` and
+:func:`ashown_stream` (a stream) take out the tags of our tool prompt that a model may echo
+(:mod:`~inferscale_memory.markup`).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 from inferscale_memory.engine import MemoryEngine
+from inferscale_memory.markup import ashown_stream, shown, shown_stream
 from inferscale_memory.results import ChatResult
 from inferscale_memory.tools import TOOL_CHOICES
 
@@ -26,7 +30,8 @@ T = TypeVar("T")
 # The chat keywords of tools and structured output, in OpenAI's shapes (checked by the
 # engine): the adapters pass them through.
 TOOL_KEYS = ("tools", "tool_choice", "parallel_tool_calls", "response_format")
-__all__ = ["TOOL_CHOICES", "TOOL_KEYS", "call_arguments", "default_engine", "on_engine"]
+__all__ = ["TOOL_CHOICES", "TOOL_KEYS", "ashown_stream", "call_arguments", "default_engine",
+           "on_engine", "shown", "shown_stream"]
 logger = logging.getLogger(__name__)
 _default_engines: dict[str | None, MemoryEngine] = {}
 _lock = threading.Lock()

@@ -17,6 +17,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
+from inferscale_memory.markup import ashown_stream, shown
 from inferscale_memory.results import ChatChunk, ChatResult
 from inferscale_memory.schema_limits import SchemaLimits
 from inferscale_memory.server.context import ServerContext, context, principal, request_user
@@ -67,8 +68,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
                          principal(request).salt_user)
     if body.stream:
         return await call.stream(body)
-    result = call.checked(
-        await _unless_gone(request, ctx.engine.achat(call.messages, **call.kwargs)))
+    result = shown(call.checked(
+        await _unless_gone(request, ctx.engine.achat(call.messages, **call.kwargs))))
     call.observe(result)
     return ChatCompletion(
         id=call.id, created=call.created, model=ctx.model_name,
@@ -195,7 +196,7 @@ class _Call:
 
     async def stream(self, body: ChatCompletionRequest) -> StreamingResponse:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        pieces = self.ctx.engine.astream_chat(self.messages, **self.kwargs)
+        pieces = ashown_stream(self.ctx.engine.astream_chat(self.messages, **self.kwargs))
         try:
             first = await pieces.__anext__()  # request errors surface here, as a status
             if first.result is not None:

@@ -43,8 +43,11 @@ from inferscale_memory import ChatResult as MemoryResult
 from inferscale_memory.integrations import (
     TOOL_CHOICES,
     TOOL_KEYS,
+    ashown_stream,
     call_arguments,
     default_engine,
+    shown,
+    shown_stream,
 )
 from langchain_inferscale.injection import afacts_for, facts_for, without_memory
 
@@ -192,7 +195,7 @@ class ChatInferScale(BaseChatModel):
                   **kwargs: Any) -> ChatResult:
         engine, request = self._request(messages, stop, kwargs)
         skipped = facts_for(engine, request)
-        result = engine.chat(**request)
+        result = shown(engine.chat(**request))
         return self._chat_result(engine, result, request["user_id"], skipped)
 
     async def _agenerate(self, messages: list[BaseMessage], stop: list[str] | None = None,
@@ -200,7 +203,7 @@ class ChatInferScale(BaseChatModel):
                          **kwargs: Any) -> ChatResult:
         engine, request = self._request(messages, stop, kwargs)
         skipped = await afacts_for(engine, request)
-        result = await engine.achat(**request)
+        result = shown(await engine.achat(**request))
         return self._chat_result(engine, result, request["user_id"], skipped)
 
     def _stream(self, messages: list[BaseMessage], stop: list[str] | None = None,
@@ -208,7 +211,7 @@ class ChatInferScale(BaseChatModel):
                 **kwargs: Any) -> Iterator[ChatGenerationChunk]:
         engine, request = self._request(messages, stop, kwargs)
         skipped = facts_for(engine, request)
-        for piece in engine.stream_chat(**request):
+        for piece in shown_stream(engine.stream_chat(**request)):
             chunk = self._chunk(engine, piece, request["user_id"], skipped)
             if run_manager and piece.text:
                 run_manager.on_llm_new_token(piece.text, chunk=chunk)
@@ -219,7 +222,7 @@ class ChatInferScale(BaseChatModel):
                        **kwargs: Any) -> AsyncIterator[ChatGenerationChunk]:
         engine, request = self._request(messages, stop, kwargs)
         skipped = await afacts_for(engine, request)
-        async for piece in engine.astream_chat(**request):
+        async for piece in ashown_stream(engine.astream_chat(**request)):
             chunk = self._chunk(engine, piece, request["user_id"], skipped)
             if run_manager and piece.text:
                 await run_manager.on_llm_new_token(piece.text, chunk=chunk)

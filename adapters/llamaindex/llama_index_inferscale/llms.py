@@ -26,8 +26,11 @@ from inferscale_memory import ChatChunk, ChatResult, MemoryEngine
 from inferscale_memory.integrations import (
     TOOL_CHOICES,
     TOOL_KEYS,
+    ashown_stream,
     call_arguments,
     default_engine,
+    shown,
+    shown_stream,
 )
 from llama_index_inferscale.handover import FactsMessage, handed_facts
 
@@ -117,17 +120,17 @@ class InferScaleLLM(FunctionCallingLLM):
     @llm_chat_callback()
     def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
         engine, request = self._request(messages, kwargs)
-        return _chat_response(engine.chat(**request))
+        return _chat_response(shown(engine.chat(**request)))
 
     @llm_chat_callback()
     def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
         engine, request = self._request(messages, kwargs)
-        return _chat_stream(engine.stream_chat(**request))
+        return _chat_stream(shown_stream(engine.stream_chat(**request)))
 
     @llm_chat_callback()
     async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
         engine, request = self._request(messages, kwargs)
-        return _chat_response(await engine.achat(**request))
+        return _chat_response(shown(await engine.achat(**request)))
 
     @llm_chat_callback()
     async def astream_chat(self, messages: Sequence[ChatMessage],
@@ -136,7 +139,7 @@ class InferScaleLLM(FunctionCallingLLM):
 
         async def gen() -> ChatResponseAsyncGen:
             text = ""
-            async for piece in engine.astream_chat(**request):
+            async for piece in ashown_stream(engine.astream_chat(**request)):
                 text += piece.text
                 yield _chat_piece(text, piece)
 

@@ -10,6 +10,8 @@ from mem0 import AsyncMemory, Memory
 from mem0.configs.base import mem0_dir
 
 from inferscale_memory import ChatResult, Fact, MemoryEngine, ScoredFact
+from inferscale_memory.integrations import shown
+from mem0_inferscale import extras
 from mem0_inferscale.llm import llm_config
 from mem0_inferscale.vector_store import InferScaleVectorStore, user_of
 
@@ -57,9 +59,11 @@ def attach(memory: M, engine: MemoryEngine) -> M:
 
     Wraps ``memory.vector_store`` in an :class:`InferScaleVectorStore`; idempotent.
     Facts stored before attaching get their KV on their first answer (recomputed from
-    text, then recaptured) or by :func:`warm`.
+    text, then recaptured) or by :func:`warm`. Mem0's optional extras that are not
+    installed (spaCy, fastembed) are off without Mem0's warnings (:mod:`~mem0_inferscale.extras`).
     """
     if not isinstance(memory.vector_store, InferScaleVectorStore):
+        extras.skip_missing(memory.vector_store)
         memory.vector_store = InferScaleVectorStore(memory.vector_store, engine)
     return memory
 
@@ -116,8 +120,8 @@ def answer(memory: Memory, query: str, *, user_id: str | None = None,
     scope = _scope(filters, user_id=user_id, agent_id=agent_id, run_id=run_id)
     user = user_of(scope)
     found = memory.search(query, top_k=k, filters=scope)
-    return store.engine.answer([*messages, {"role": "user", "content": query}],
-                               _facts(found, user), user_id=user, mode=mode, **options)
+    return shown(store.engine.answer([*messages, {"role": "user", "content": query}],
+                                     _facts(found, user), user_id=user, mode=mode, **options))
 
 
 async def aanswer(memory: AsyncMemory, query: str, *, user_id: str | None = None,
@@ -136,9 +140,9 @@ async def aanswer(memory: AsyncMemory, query: str, *, user_id: str | None = None
     scope = _scope(filters, user_id=user_id, agent_id=agent_id, run_id=run_id)
     user = user_of(scope)
     found = await memory.search(query, top_k=k, filters=scope)
-    return await store.engine.achat([*messages, {"role": "user", "content": query}],
-                                    facts=_facts(found, user), user_id=user, mode=mode,
-                                    **options)
+    return shown(await store.engine.achat([*messages, {"role": "user", "content": query}],
+                                          facts=_facts(found, user), user_id=user,
+                                          mode=mode, **options))
 
 
 def warm(memory: Memory | AsyncMemory, *, user_id: str | None = None,
