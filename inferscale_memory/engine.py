@@ -36,7 +36,7 @@ from inferscale_memory.layout import PromptBuilder, PromptLayout, prompt_order, 
 from inferscale_memory.memory import EngineMemory
 from inferscale_memory.options import check_chat, check_given_facts
 from inferscale_memory.results import ChatChunk, ChatMetrics, ChatResult, KVStats
-from inferscale_memory.runtime import Completion, VllmRuntime
+from inferscale_memory.runtime import Completion, VllmRuntime, refusing_bad_schemas
 from inferscale_memory.store import Fact, MemoryStore, ScoredFact
 from inferscale_memory.tools import ToolStream
 
@@ -270,10 +270,8 @@ class MemoryEngine:
         stream = ToolStream(tooling) if tooling is not None else None
         deltas = self.runtime.stream(layout.token_ids, max_tokens=request.max_tokens,
                                      params=params, user=user_id, **request.sampling)
-        if request.sampling.get("structured_outputs"):  # compat imports torch: only then
-            from inferscale_memory.connector.compat import refusing_bad_schemas
-
-            deltas = refusing_bad_schemas(deltas)
+        if tooling is not None and tooling.guided_param is not None:
+            deltas = refusing_bad_schemas(deltas, tooling.guided_param)
         async for delta in deltas:
             text, calls = stream.feed(delta.text) if stream else (delta.text, [])
             if delta.completion is None:

@@ -41,6 +41,21 @@ class ContextLengthError(InvalidInputError):
     """The prompt (memory + conversation) does not fit the model's context window."""
 
 
+class SchemaError(InvalidInputError):
+    """A JSON schema (``response_format``, a tool's ``parameters``) cannot guide decoding:
+    it asks too much of the grammar compiler (``SchemaLimitError``), or vLLM's guided
+    decoding failed on it (a grammar that did not compile or admits no answer).
+
+    Attributes:
+        param: The request parameter at fault, in OpenAI's dotted form
+            (``"response_format.json_schema.schema"``, ``"tools.0.function.parameters"``).
+    """
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
 class ModelPreparationError(InferScaleError, RuntimeError):
     """The model could not be located, fetched or converted."""
 

@@ -28,7 +28,7 @@ from inferscale_memory import lifeline
 from inferscale_memory.config import MemoryConfig
 from inferscale_memory.connector.params import RequestParams, cache_salt
 from inferscale_memory.connector.report import ConnectorReport
-from inferscale_memory.errors import EngineClosedError, EngineError
+from inferscale_memory.errors import EngineClosedError, EngineError, SchemaError
 from inferscale_memory.vllm_log import VllmLog
 
 logger = logging.getLogger(__name__)
@@ -361,6 +361,41 @@ class VllmRuntime:
         self._thread.join(timeout=10)
         if not self._thread.is_alive():
             self._loop.close()
+
+
+async def refusing_bad_schemas(deltas: AsyncIterator[Delta], param: str
+                               ) -> AsyncIterator[Delta]:
+    """``deltas`` of a guided request, with vLLM's failure on the schema of ``param`` (the
+    parameter that guides it, :attr:`~inferscale_memory.tools.ToolRequest.guided_param`)
+    raised as :class:`~inferscale_memory.errors.SchemaError`: the client's mistake, and
+    vLLM goes on serving. vLLM fails a schema in three places:
+
+    - when the request is submitted (a feature its guided decoding does not support);
+    - when the engine core compiles the grammar (off its scheduling loop), or
+    - when the grammar admits no token the sampler could pick (``{"$ref": "#"}`` compiles
+      to a grammar that admits nothing): vLLM 0.32 ends the request with ``finish_reason``
+      "error" (its engine log says "grammar rejected tokens"), empty text.
+    """
+    from inferscale_memory.connector.compat import request_validation_errors
+
+    try:
+        try:
+            delta = await anext(deltas)
+        except request_validation_errors() as exc:
+            raise SchemaError(f"{param}: this JSON schema cannot be used for guided decoding: "
+                              f"{exc}", param) from exc
+        while True:
+            if delta.completion is not None and delta.completion.finish_reason == "error":
+                raise SchemaError(f"{param}: guided decoding failed on this JSON schema: the "
+                                  "engine could not compile its grammar, or the grammar "
+                                  "admits no answer (e.g. a $ref that refers only to "
+                                  "itself); simplify it", param)
+            yield delta
+            delta = await anext(deltas)
+    except StopAsyncIteration:
+        return
+    finally:
+        await deltas.aclose()  # type: ignore[attr-defined]
 
 
 def _close_open_runtimes_at_exit() -> None:

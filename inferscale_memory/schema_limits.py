@@ -28,7 +28,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any, NamedTuple
 
-from inferscale_memory.errors import InvalidInputError
+from inferscale_memory.errors import SchemaError
 
 RESPONSE_PARAM = "response_format.json_schema.schema"
 TOOLS_PARAM = "tools"
@@ -82,7 +82,7 @@ def merged_limits(overrides: Mapping[str, int]) -> dict[str, int]:
     return {**asdict(SchemaLimits()), **overrides}
 
 
-class SchemaLimitError(InvalidInputError):
+class SchemaLimitError(SchemaError):
     """A schema or the tools of a request go past a :class:`SchemaLimits` bound.
 
     Attributes:
@@ -92,8 +92,7 @@ class SchemaLimitError(InvalidInputError):
     """
 
     def __init__(self, message: str, param: str, limit: str | None) -> None:
-        super().__init__(message)
-        self.param = param
+        super().__init__(message, param)
         self.limit = limit
 
 

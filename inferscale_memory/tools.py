@@ -41,7 +41,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from inferscale_memory.errors import InvalidInputError
-from inferscale_memory.schema_limits import SchemaLimits, check_guided
+from inferscale_memory.schema_limits import (
+    RESPONSE_PARAM,
+    TOOLS_PARAM,
+    SchemaLimits,
+    check_guided,
+)
 
 TOOL_CHOICES = ("auto", "none", "required")
 RESPONSE_FORMATS = ("text", "json_object", "json_schema")
@@ -127,10 +132,26 @@ class ToolRequest:
             return {"json_object": True}
         return {"json": self.response_format["json_schema"].get("schema", _EMPTY_OBJECT)}
 
+    @property
+    def guided_param(self) -> str | None:
+        """The request parameter whose schema guides decoding, as an error about that schema
+        names it (``None``: :meth:`structured_outputs` guides nothing)."""
+        if self.calls_tools and self.named is not None:
+            return f"tools.{self._index(self.named)}.function.parameters"
+        if self.calls_tools and self.choice == "required":
+            return TOOLS_PARAM
+        if self.response_format is None or self.response_format["type"] == "text":
+            return None
+        return "response_format" if self.response_format["type"] == "json_object" \
+            else RESPONSE_PARAM
+
     def _parameters(self, name: str) -> dict[str, Any]:
-        for tool in self.tools:
+        return self.tools[self._index(name)]["function"].get("parameters") or _EMPTY_OBJECT
+
+    def _index(self, name: str) -> int:
+        for i, tool in enumerate(self.tools):
             if tool["function"]["name"] == name:
-                return tool["function"].get("parameters") or _EMPTY_OBJECT
+                return i
         raise AssertionError(name)  # check_tool_request made sure it is there
 
     def parse(self, text: str, tokenizer: Any) -> tuple[str | None, list[ToolCall]]:

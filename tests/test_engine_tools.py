@@ -9,12 +9,13 @@ no tools) gets the engine's own tool prompt instead.
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import jsonschema
 import pytest
 from test_engine import assert_same_answer, block_fact
 
-from inferscale_memory import MemoryEngine
+from inferscale_memory import ChatResult, MemoryEngine
 
 pytestmark = pytest.mark.engine
 
@@ -137,6 +138,57 @@ def test_a_schema_guided_decoding_cannot_use_is_refused(tool_engine: MemoryEngin
     with pytest.raises(InvalidInputError, match="guided decoding"):
         tool_engine.chat(QUESTION, user_id=user, max_tokens=4, response_format=fmt)
     assert tool_engine.chat(QUESTION, user_id=user, max_tokens=2).metrics.output_tokens > 0
+
+
+# Schemas that pass every check before vLLM, whose grammar then admits nothing: vLLM ends
+# the request as an error (FINISHED_ERROR: "grammar rejected tokens") with empty text.
+FAILING_SCHEMAS = {
+    "self": {"$ref": "#"},
+    "mutual": {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}},
+               "$ref": "#/$defs/a"},
+}
+
+
+@pytest.mark.parametrize("face", ["chat", "stream_chat", "achat", "astream_chat"])
+@pytest.mark.parametrize("schema", FAILING_SCHEMAS.values(), ids=FAILING_SCHEMAS.keys())
+async def test_a_schema_whose_grammar_fails_in_vllm_raises_a_schema_error(
+        tool_engine: MemoryEngine, user: str, schema: dict[str, Any], face: str) -> None:
+    """It ended as ``finish_reason`` "error" with empty text; the server answers it 400
+    (tests/server/test_server_robustness.py)."""
+    from inferscale_memory import SchemaError
+
+    fmt = {"type": "json_schema", "json_schema": {"name": "bad", "schema": schema}}
+    with pytest.raises(SchemaError, match="grammar") as raised:
+        await answer(tool_engine, face, QUESTION, user_id=user, max_tokens=8,
+                     response_format=fmt)
+    assert raised.value.param == "response_format.json_schema.schema"
+    assert tool_engine.chat(QUESTION, user_id=user, max_tokens=2).metrics.output_tokens > 0
+
+
+def test_a_named_tool_whose_grammar_fails_names_its_parameters(tool_engine: MemoryEngine,
+                                                              user: str) -> None:
+    from inferscale_memory import SchemaError
+
+    bad = {"type": "function", "function": {"name": "loop", "parameters": {"$ref": "#"}}}
+    with pytest.raises(SchemaError) as raised:
+        tool_engine.chat(QUESTION, user_id=user, max_tokens=8, tools=[WEATHER, bad],
+                         tool_choice={"type": "function", "function": {"name": "loop"}})
+    assert raised.value.param == "tools.1.function.parameters"
+
+
+async def answer(engine: MemoryEngine, face: str, messages: list[dict[str, Any]],
+                 **options: Any) -> ChatResult:
+    """One answer through the named face of chat (``chat``, ``stream_chat``, ...)."""
+    if face == "chat":
+        return engine.chat(messages, **options)
+    if face == "achat":
+        return await engine.achat(messages, **options)
+    if face == "stream_chat":
+        chunks = list(engine.stream_chat(messages, **options))
+    else:
+        chunks = [chunk async for chunk in engine.astream_chat(messages, **options)]
+    assert chunks[-1].result is not None
+    return chunks[-1].result
 
 
 def test_a_model_without_a_tool_template_calls_with_our_tool_prompt(engine: MemoryEngine

@@ -119,7 +119,6 @@ class _Call:
         self.k = options.k or ctx.engine.config.k
         self.top_logprobs = (body.top_logprobs or 0) if body.logprobs else None
         self.messages = [m.to_engine() for m in body.messages]
-        self.schema_param = _schema_param(body)
         kwargs: dict[str, Any] = {  # a user without facts yet: the engine answers plainly
             # vLLM's prefix cache is shared within user_id: a chat that names no user is
             # answered without memory for its API key (auth.Principal.salt_user)
@@ -161,14 +160,10 @@ class _Call:
 
     def checked(self, result: ChatResult) -> ChatResult:
         """``result``, unless vLLM ended it as an error (``finish_reason`` "error": no
-        OpenAI value): a schema its guided decoding could not compile is the client's
-        400, anything else the engine's 500."""
+        OpenAI value): the engine's 500. (A schema vLLM could not compile is the engine's
+        :class:`~inferscale_memory.errors.SchemaError`, answered 400 by the handlers.)"""
         if result.finish_reason != "error":
             return result
-        if self.schema_param is not None:
-            raise APIError(400, f"{self.schema_param}: the engine could not build a grammar "
-                           "from this JSON schema (e.g. a recursive $ref); simplify it",
-                           param=self.schema_param, code="invalid_schema")
         logger.error("vLLM ended chat %s with an error", self.id)
         raise APIError(500, "the engine failed the request", type="server_error")
 
@@ -245,15 +240,6 @@ class _Call:
                                     model=self.ctx.model_name, choices=choices, **extra)
         skip = {"memory"} if chunk.memory is None else None
         return f"data: {chunk.model_dump_json(exclude=skip)}\n\n".encode()
-
-
-def _schema_param(body: ChatCompletionRequest) -> str | None:
-    """The parameter whose schema guides decoding (``None``: nothing does)."""
-    if body.response_format is not None and body.response_format.type == "json_schema":
-        return "response_format.json_schema.schema"
-    if body.response_format is not None and body.response_format.type == "json_object":
-        return "response_format"
-    return "tools" if body.tools else None
 
 
 def _message(result: ChatResult) -> AssistantMessage:

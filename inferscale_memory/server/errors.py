@@ -22,6 +22,7 @@ from inferscale_memory.errors import (
     FactNotFoundError,
     InferScaleError,
     InvalidInputError,
+    SchemaError,
     StoreError,
     UnknownUserError,
 )
@@ -98,6 +99,8 @@ def from_exception(exc: BaseException) -> APIError:
     """Map any exception to an :class:`APIError` (unknown ones become a bare 500)."""
     if isinstance(exc, APIError):
         return exc
+    if isinstance(exc, SchemaError):
+        return schema_error(exc)
     for kind, status, type_, code in LIBRARY_ERRORS:
         if isinstance(exc, kind):
             return APIError(status, str(exc) or kind.__name__, type=type_, code=code)
@@ -105,6 +108,15 @@ def from_exception(exc: BaseException) -> APIError:
         return APIError(503, "the engine is not running", type="server_error",
                         code="engine_unavailable")
     return APIError(500, "internal server error", type="server_error", code="internal_error")
+
+
+def schema_error(exc: SchemaError) -> APIError:
+    """A schema that cannot guide decoding, the engine's or a request check's: 400 naming
+    the parameter, code ``schema_too_complex`` past a ``schema_limits`` bound, otherwise
+    ``invalid_schema`` (a feature a grammar cannot express, or no grammar compiled)."""
+    too_complex = getattr(exc, "limit", None) is not None  # SchemaLimitError's bound
+    return APIError(400, str(exc), param=exc.param,
+                    code="schema_too_complex" if too_complex else "invalid_schema")
 
 
 def sse_error(exc: BaseException) -> bytes:

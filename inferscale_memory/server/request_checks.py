@@ -24,7 +24,7 @@ from inferscale_memory.schema_limits import (
     check_guided,
     subschemas,
 )
-from inferscale_memory.server.errors import APIError
+from inferscale_memory.server.errors import APIError, schema_error
 from inferscale_memory.server.schemas import ChatCompletionRequest, ChatMessage
 
 JSON_TYPES = frozenset({"string", "number", "integer", "boolean", "object", "array", "null"})
@@ -45,8 +45,7 @@ def check_request(body: ChatCompletionRequest, limits: SchemaLimits | None = Non
     try:
         check_guided(limits or SchemaLimits(), response_schema, tool_parameters)
     except SchemaLimitError as exc:
-        raise APIError(400, str(exc), param=exc.param, code="invalid_schema"
-                       if exc.limit is None else "schema_too_complex") from None
+        raise schema_error(exc) from None
     if response_schema:
         check_schema(response_schema, RESPONSE_PARAM)
     for i, parameters in enumerate(tool_parameters):
