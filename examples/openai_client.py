@@ -1,15 +1,18 @@
 """Point the official ``openai`` client at ``inferscale-memory serve``.
 
-Start the server first (in another terminal)::
+Start the server first (in another terminal; its engine starts once, and every run of this
+example reuses it)::
 
     inferscale-memory serve --port 8000            # localhost, no API keys
 
-then run ``python examples/openai_client.py``. With API keys (``--api-keys keys.json``),
-set ``OPENAI_API_KEY`` to a key bound to the user below (or to ``"*"``).
+then run ``python examples/openai_client.py [--base-url http://HOST:8000/v1]`` (default
+``$INFERSCALE_URL``, else localhost:8000). With API keys (``--api-keys keys.json``), set
+``OPENAI_API_KEY`` to a key bound to the user below (or to ``"*"``).
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import uuid
 from typing import Any
@@ -57,8 +60,11 @@ def ask(client: OpenAI, user: str) -> list[Any]:
     return replies
 
 
-def main() -> None:
-    run()
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--base-url", default=BASE_URL,
+                        help="the server's OpenAI API (default: %(default)s)")
+    run(parser.parse_args(argv).base_url)
 
 
 if __name__ == "__main__":
