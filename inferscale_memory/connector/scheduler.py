@@ -76,6 +76,12 @@ class SchedulerSide:
         tracked = self._track(request)
         if tracked.params is None or not tracked.params.inject:
             return 0
+        # vLLM's own prefix cache already holds every span (the same facts asked again):
+        # nothing could be claimed, so nothing is parsed, hashed or looked up.
+        last = min(tracked.params.inject[-1].end, len(request.prompt_token_ids or []) - 1)
+        tracked.cached = num_computed >= last
+        if tracked.cached:
+            return 0
         return self._match(request, tracked).claim(num_computed)
 
     def after_alloc(self, request: RequestLike, block_ids: list[int], num_external: int) -> None:
@@ -198,6 +204,12 @@ class SchedulerSide:
         """Plan the load of the KV vLLM let the request claim: pin it for this step,
         promote what is on the host, and mark it recently used."""
         assert tracked.report is not None
+        if tracked.cached and num_external == 0:  # served by vLLM's prefix cache
+            tracked.report.missing, tracked.report.injected_tokens = [], 0
+            touch = self.facts.touch
+            for span in tracked.params.inject if tracked.params else ():
+                touch(span.key)
+            return
         # As matched just before in the same scheduling pass: vLLM allocated its claim.
         plan = tracked.plan or self._match(request, tracked)
         tracked.report.missing = [s.key for s in plan.missing]

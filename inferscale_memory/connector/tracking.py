@@ -82,6 +82,8 @@ class Tracked:
     params: RequestParams | None  # None: served as a plain prompt
     error: str | None = None  # why its params were refused or cut, for its report
     plan: InjectionPlan | None = None  # its latest match, which its allocation claims
+    # vLLM's prefix cache held every inject span when last asked: nothing was matched.
+    cached: bool = False
     matched_at: int = -1  # the registry's version when ``plan`` was matched
     # token_digest of the prompt under each inject span (by index), computed once: the
     # prompt never changes, and vLLM may ask for a match on every step it waits.

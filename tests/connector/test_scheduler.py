@@ -982,7 +982,9 @@ def test_claims_and_loads_match_a_token_by_token_reference(
     assert claimed == max(0, claim_end - hit)
     assert [op.pieces for op in plan.loads] == ([pieces] if claimed else [])
     report = side.finished(req)
-    assert report.missing == tuple(s.key for s in spans[len(usable):])
+    # Spans all under vLLM's own prefix hit are neither loaded nor recomputed.
+    cached = hit >= min(spans[-1].end, len(prompt) - 1)
+    assert report.missing == (() if cached else tuple(s.key for s in spans[len(usable):]))
     assert report.injected_tokens == claimed
 
 
@@ -999,3 +1001,26 @@ def test_a_step_plan_crosses_to_other_worker_processes_intact(primed: SchedulerS
     assert copied == plan
     assert all(type(key) is FactKey for key, *_ in copied.loads[0].pieces)
     assert {key: 1 for key, *_ in copied.loads[0].pieces}.keys() == {HEADER, A, B}
+
+
+@pytest.mark.parametrize("local_hit", [30, 32])
+def test_spans_held_by_the_prefix_cache_are_neither_matched_nor_reported_missing(
+        primed: SchedulerSide, hashed: list[list[int]], monkeypatch: pytest.MonkeyPatch,
+        local_hit: int) -> None:
+    # The same facts asked again: vLLM's own prefix cache holds the header and every fact
+    # (here C was never captured), so there is nothing to claim, hash, look up or recompute.
+    read: list[FactKey] = []
+    get = primed.facts.get
+    monkeypatch.setattr(primed.facts, "get", lambda key: read.append(key) or get(key))
+    req = inject_request(f"warm{local_hit}", ((HEADER, HEADER_IDS), (A, A_IDS), (C, C_IDS)),
+                         tail=QUESTION)
+    claimed, plan = schedule(primed, req, [4, 8, 9], local_hit=local_hit - 5)
+    assert claimed == 0 and plan.loads == []
+    assert hashed == [] and read == []
+    report = primed.finished(req)
+    assert report is not None and report.missing == () and report.injected_tokens == 0
+    assert list(primed.facts.device)[-2:] == [HEADER, A]  # still marked recently used
+    # A cold request for the same spans is matched as before: C is missing.
+    cold = inject_request("cold", ((HEADER, HEADER_IDS), (A, A_IDS), (C, C_IDS)))
+    assert schedule(primed, cold, [4, 8, 9])[0] == 20
+    assert primed.finished(cold).missing == (C,)
