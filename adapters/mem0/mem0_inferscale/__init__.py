@@ -13,6 +13,7 @@ Example:
 """
 
 from mem0_inferscale import llm, telemetry
+from mem0_inferscale.extraction import ExtractionError
 from mem0_inferscale.llm import InferScaleLLM, InferScaleLlmConfig
 from mem0_inferscale.memory import aanswer, answer, attach, from_engine, mem0_config, warm
 from mem0_inferscale.vector_store import InferScaleVectorStore, attached
@@ -21,5 +22,5 @@ from mem0_inferscale.vector_store import InferScaleVectorStore, attached
 telemetry.switch_off()
 llm.register()  # Mem0's LlmFactory knows the "inferscale" provider
 
-__all__ = ["InferScaleLLM", "InferScaleLlmConfig", "InferScaleVectorStore", "aanswer",
-           "answer", "attach", "attached", "from_engine", "mem0_config", "warm"]
+__all__ = ["ExtractionError", "InferScaleLLM", "InferScaleLlmConfig", "InferScaleVectorStore",
+           "aanswer", "answer", "attach", "attached", "from_engine", "mem0_config", "warm"]

@@ -9,14 +9,25 @@ that system prompt (``custom_instructions`` and ``add(prompt=...)`` only append 
 prompt), so :func:`fit_extraction` does it where it must: when Mem0's messages and the
 answer do not fit the model's context, the system prompt becomes
 :data:`COMPACT_EXTRACTION_PROMPT` (Mem0's agent suffix kept); the user prompt is Mem0's.
+
+A small model may still answer with memories that are no facts (SmolLM2-135M, for "Hi,
+I'm Omar. I grow tomatoes on my balcony and I work as a baker in Madrid.", wrote one memory
+of the whole message and "I'm a baker in Madrid." again and again, cut at 200 characters).
+:func:`extraction_problems` finds what is plainly wrong, and :class:`ExtractionError`
+refuses such an answer before Mem0 stores it.
 """
 
 from __future__ import annotations
 
+import json
+import re
+from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from mem0.configs import prompts as mem0_prompts
+
+from inferscale_memory import InferScaleError
 
 # Our own short instructions for the same task and the same JSON as Mem0's prompt (no
 # example fact: a small model copies it).
@@ -82,3 +93,50 @@ def fit_extraction(messages: Sequence[dict[str, Any]],
     agent_suffix = messages[0]["content"][len(mem0_prompts.ADDITIVE_EXTRACTION_PROMPT):]
     messages[0]["content"] = COMPACT_EXTRACTION_PROMPT + agent_suffix
     return messages
+
+
+class ExtractionError(InferScaleError):
+    """The model's memories for an ``add(..., infer=True)`` are plainly wrong (cut,
+    repeated, empty, one word): Mem0 stores none of them (it raises its ``LLMError`` from
+    this)."""
+
+    def __init__(self, model: str, problems: Sequence[str]) -> None:
+        super().__init__(
+            f"{model} could not extract memories from these messages "
+            f"({'; '.join(problems)}), so none are stored. Pass infer=False to store the "
+            "messages as they are, or give Mem0 a larger instruct model that extracts facts "
+            "(a model of 135M parameters often cannot)")
+        self.problems = list(problems)
+
+
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+
+
+def extraction_problems(answer: str, finished: bool = True) -> list[str]:
+    """What is plainly wrong with an extraction ``answer`` (the JSON of
+    :data:`EXTRACTION_SCHEMA`); empty when nothing is. ``finished``: the answer ended on its
+    own (not at ``max_tokens``).
+
+    Example:
+        >>> extraction_problems(json.dumps({"memory": [{"id": "0", "attributed_to": "user",
+        ...     "text": "Omar is a baker. Omar is a baker."}]}))
+        ['"Omar is a baker." repeated 2 times in one memory']
+    """
+    if not finished:
+        return [f"the answer reached max_tokens before its JSON ended: {answer[-60:]!r}"]
+    texts = [m["text"] for m in json.loads(answer)["memory"]]
+    problems = [f'a memory cut at {MAX_TEXT_CHARS} characters ("...{t[-30:]}")'
+                for t in texts if len(t) >= MAX_TEXT_CHARS]
+    problems += ["an empty memory" for t in texts if not t.strip()]
+    problems += [f'"{t.strip()}", one word, is no fact' for t in texts if len(t.split()) == 1]
+    for text in texts:
+        sentences = Counter(_norm(s) for s in _SENTENCE_END.split(text.strip()) if _norm(s))
+        problems += [f'"{s}" repeated {n} times in one memory'
+                     for s, n in sentences.items() if n > 1]
+    problems += [f'"{t}" written {n} times'
+                 for t, n in Counter(_norm(t) for t in texts if t.strip()).items() if n > 1]
+    return problems
+
+
+def _norm(text: str) -> str:
+    return " ".join(text.split())

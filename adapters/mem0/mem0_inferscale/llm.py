@@ -8,7 +8,9 @@ Mem0 calls :meth:`InferScaleLLM.generate_response` as it calls any provider's: i
 decoding, and Mem0's extraction call gets two things more (:mod:`.extraction`): the JSON
 schema of the answer Mem0 parses instead of any JSON object, and, when Mem0's prompt does
 not fit the model's context, a compact system prompt of ours. So even SmolLM2-135M (8,192
-tokens; Mem0's prompt alone is about 8,600) extracts facts Mem0 can read.
+tokens; Mem0's prompt alone is about 8,600) extracts facts Mem0 can read; where its
+memories are plainly wrong, :class:`~mem0_inferscale.extraction.ExtractionError` says so
+and Mem0 stores none.
 
 Mem0 checks provider names against a fixed list when it validates a config dict, so
 :func:`llm_config` builds the ``llm`` section as Mem0's own ``LlmConfig`` object
@@ -29,6 +31,8 @@ from mem0.utils.factory import LlmFactory
 from inferscale_memory import MemoryEngine
 from mem0_inferscale.extraction import (
     EXTRACTION_FORMAT,
+    ExtractionError,
+    extraction_problems,
     fit_extraction,
     is_extraction,
 )
@@ -94,8 +98,13 @@ class InferScaleLLM(LLMBase):
         Raises:
             inferscale_memory.InvalidInputError: Bad messages, tools or response_format.
             inferscale_memory.ContextLengthError: The prompt does not fit, even compact.
+            ExtractionError: The extracted memories are plainly wrong (cut, repeated,
+                empty, one word): the model cannot extract these messages (Mem0 raises its
+                ``LLMError`` from it and stores none).
         """
-        if is_extraction(messages) and response_format in (None, {"type": "json_object"}):
+        extracting = is_extraction(messages) and response_format in (
+            None, {"type": "json_object"})
+        if extracting:
             messages = fit_extraction(messages, self.count_tokens,
                                       self.engine.max_model_len - self.config.max_tokens)
             response_format = EXTRACTION_FORMAT
@@ -107,6 +116,9 @@ class InferScaleLLM(LLMBase):
             options.update(tools=tools, tool_choice=tool_choice)
         result = self.engine.chat(messages, user_id=self.config.cache_user, memory=False,
                                   **options)
+        if extracting and (problems := extraction_problems(
+                result.text, finished=result.finish_reason != "length")):
+            raise ExtractionError(self.engine.model_name, problems)
         if not tools:
             return result.text
         return {"content": result.text,

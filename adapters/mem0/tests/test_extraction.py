@@ -5,6 +5,8 @@ The embedded model's tokenizer only (no engine): Mem0's real messages, built by 
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from mem0.configs.prompts import (
     ADDITIVE_EXTRACTION_PROMPT,
@@ -19,6 +21,9 @@ from inferscale_memory.models import resolve_model
 from mem0_inferscale import InferScaleLLM, InferScaleLlmConfig
 from mem0_inferscale.extraction import (
     COMPACT_EXTRACTION_PROMPT,
+    MAX_TEXT_CHARS,
+    ExtractionError,
+    extraction_problems,
     fit_extraction,
     is_extraction,
 )
@@ -85,3 +90,40 @@ def test_the_llm_needs_an_engine() -> None:
         llm_config("not an engine")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="InferScaleLlmConfig"):
         InferScaleLLM({"engine": None})  # type: ignore[arg-type]
+
+
+def answer(*texts: str) -> str:
+    return json.dumps({"memory": [{"id": str(i), "text": text, "attributed_to": "user"}
+                                  for i, text in enumerate(texts)]})
+
+
+OMAR = "Hi, I'm Omar. I grow tomatoes on my balcony and I work as a baker in Madrid."
+# What SmolLM2-135M wrote for OMAR (issue 31): the message, then one sentence until cut.
+OMARS_MEMORY = (OMAR + " I'm a baker in Madrid." * 10)[:MAX_TEXT_CHARS]
+
+
+def test_distinct_complete_facts_are_no_problem() -> None:
+    assert extraction_problems(answer("Omar grows tomatoes on his balcony.",
+                                      "Omar works as a baker in Madrid.")) == []
+    assert extraction_problems(answer()) == []  # nothing worth remembering
+
+
+def test_a_memory_cut_and_repeating_itself_is_a_problem() -> None:
+    problems = extraction_problems(answer(OMARS_MEMORY))
+    assert any(p.startswith(f"a memory cut at {MAX_TEXT_CHARS} characters") for p in problems)
+    assert any(p.startswith('"I\'m a baker in Madrid." repeated') for p in problems)
+
+
+def test_repeated_empty_and_unfinished_answers_are_problems() -> None:
+    assert extraction_problems(answer("Omar bakes.", "Omar  bakes.")) == [
+        '"Omar bakes." written 2 times']
+    assert extraction_problems(answer(" ")) == ["an empty memory"]
+    assert extraction_problems(answer("user")) == ['"user", one word, is no fact']
+    cut = answer("Omar bakes.")[:-3]
+    assert extraction_problems(cut, finished=False)[0].startswith("the answer reached max_tokens")
+
+
+def test_the_error_says_what_to_do() -> None:
+    error = ExtractionError("SmolLM2-135M-Instruct", extraction_problems(answer(OMARS_MEMORY)))
+    assert "SmolLM2-135M-Instruct could not extract" in str(error)
+    assert "infer=False" in str(error) and "instruct model" in str(error)

@@ -15,7 +15,8 @@ from mem0.exceptions import LLMError
 
 import mem0_inferscale
 from inferscale_memory import Fact, InvalidInputError, MemoryEngine
-from mem0_inferscale import InferScaleLLM, InferScaleVectorStore
+from mem0_inferscale import ExtractionError, InferScaleLLM, InferScaleVectorStore
+from mem0_inferscale.extraction import extraction_problems
 
 pytestmark = pytest.mark.engine
 QUESTION = "Where does Caroline live?"
@@ -143,9 +144,10 @@ def test_mem0_llm_runs_on_the_engine_with_response_format(memory: Memory) -> Non
                                      tools=[weather], tool_choice="sometimes")
 
 
-CHAT = [{"role": "user", "content": "Hi, I am Dana. I live in Lisbon and I work as a nurse."},
-        {"role": "assistant", "content": "Nice to meet you, Dana!"},
-        {"role": "user", "content": "I love hiking in the mountains on weekends."}]
+OMAR = "Hi, I'm Omar. I grow tomatoes on my balcony and I work as a baker in Madrid."
+# A message SmolLM2-135M extracts (greedy): on longer ones ("Hi, I am Dana. I live in
+# Lisbon and I work as a nurse.") it repeats one sentence until cut, an ExtractionError.
+CHAT = [{"role": "user", "content": "I am Dana and I live in Lisbon."}]
 
 
 def test_add_with_inference_extracts_captures_and_injects(memory: Memory,
@@ -162,6 +164,25 @@ def test_add_with_inference_extracts_captures_and_injects(memory: Memory,
                                    max_tokens=8)
     assert reply.metrics.injected_tokens > 0 and reply.metrics.recomputed_fact_ids == []
     assert set(reply.metrics.fact_ids) == set(stored)
+
+
+def test_add_with_inference_stores_sane_memories_or_says_the_model_cannot(
+        memory: Memory) -> None:
+    # Issue 31's message, on which SmolLM2-135M wrote the message and then one sentence
+    # over and over, cut at 200 characters.
+    user = "m0-omar"
+    try:
+        added = memory.add(OMAR, user_id=user)["results"]
+    except LLMError as error:
+        assert isinstance(error.__cause__, ExtractionError), error
+        assert "could not extract" in str(error) and "infer=False" in str(error)
+        assert memory.get_all(filters={"user_id": user})["results"] == []
+        return
+    stored = [m["memory"] for m in memory.get_all(filters={"user_id": user})["results"]]
+    assert stored and len(stored) == len(added)
+    assert extraction_problems(json.dumps({"memory": [
+        {"id": str(i), "text": text, "attributed_to": "user"}
+        for i, text in enumerate(stored)]})) == [], stored
 
 
 def test_extraction_that_cannot_fit_fails_with_the_engines_error(memory: Memory) -> None:
