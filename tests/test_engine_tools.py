@@ -8,7 +8,9 @@ no tools) gets the engine's own tool prompt instead.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import uuid
 from typing import Any
 
 import jsonschema
@@ -174,6 +176,33 @@ def test_a_named_tool_whose_grammar_fails_names_its_parameters(tool_engine: Memo
         tool_engine.chat(QUESTION, user_id=user, max_tokens=8, tools=[WEATHER, bad],
                          tool_choice={"type": "function", "function": {"name": "loop"}})
     assert raised.value.param == "tools.1.function.parameters"
+
+
+async def test_a_plain_chat_is_answered_while_a_guided_request_compiles(
+        tool_engine: MemoryEngine) -> None:
+    """One guided request does not hold up another user's plain chat (issue 30, item 2):
+    vLLM 0.32 compiles a request's grammar on a thread pool of its engine core and goes on
+    scheduling other requests meanwhile. The schema is within the default limits and takes
+    the compiler seconds (6 s here: 100 strings of 100 different patterns [a-z]{1,n}, as
+    the compiler's cache serves a repeated one; names of its own, so that no earlier run's
+    cache serves it): the plain chat, sent once the guided request is in vLLM, is answered
+    (0.5 s here) before the guided request's first token. How much the plain chat slows
+    alongside: scripts/guided_interference.py, docs/reliability.md."""
+    tag = uuid.uuid4().hex[:6]
+    names = [f"f{i:03d}{tag}" for i in range(100)]
+    schema = {"type": "object", "required": names, "properties": {
+        name: {"type": "string", "pattern": f"^[a-z]{{1,{20 + i}}}$"}
+        for i, name in enumerate(names)}}
+    guided = tool_engine.astream_chat(QUESTION, max_tokens=4, response_format={
+        "type": "json_schema", "json_schema": {"name": "slow", "schema": schema}})
+    first = asyncio.ensure_future(anext(guided))
+    while tool_engine.runtime.unfinished_requests() == 0 and not first.done():
+        await asyncio.sleep(0.01)  # until vLLM holds the guided request
+    plain = await tool_engine.achat(QUESTION, max_tokens=4)
+    assert plain.metrics.output_tokens > 0
+    assert not first.done(), "the guided request answered first: its grammar held others up"
+    chunks = [await first] + [chunk async for chunk in guided]
+    assert chunks[-1].result is not None
 
 
 async def answer(engine: MemoryEngine, face: str, messages: list[dict[str, Any]],
