@@ -124,8 +124,7 @@ class MemoryConfig(BaseSettings):
         qdrant_collection: The Qdrant collection; one collection per fact store.
         fact_order: Order of the retrieved facts in the prompt: ``"rank"`` (best-ranked
             fact last, nearest the question) or ``"time"`` (oldest first, by the facts'
-            ``created_at``: the order in which they were added) or ``"time_rank"`` (the
-            ``recompute_tail`` best-ranked facts last, the others oldest first). Per call:
+            ``created_at``: the order in which they were added). Per call:
             ``chat(..., fact_order=...)``.
         recompute_tail: How many facts at the end of the prompt's memory span vLLM
             computes from their text instead of having their KV injected: those facts

@@ -145,8 +145,7 @@ class MemoryEngine:
             k: Facts to retrieve (default ``config.k``).
             mode: ``"kv"`` injects the facts' KV; ``"text"`` sends the identical token ids
                 and lets vLLM prefill them (for A/B and as the fallback).
-            fact_order: ``"rank"`` (best-ranked fact last), ``"time"`` (oldest first) or
-                ``"time_rank"`` (the tail's best-ranked facts last, the others oldest first);
+            fact_order: ``"rank"`` (best-ranked fact last) or ``"time"`` (oldest first);
                 default ``config.fact_order``.
             recompute_tail: Facts at the end of the memory span that vLLM computes from
                 text instead of injecting (``kv`` mode); default ``config.recompute_tail``.
@@ -256,7 +255,7 @@ class MemoryEngine:
         else:
             found = check_given_facts(facts, user_id)
         retrieval_s = time.perf_counter() - start
-        ordered = prompt_order(found, request.fact_order, request.recompute_tail)
+        ordered = prompt_order(found, request.fact_order)
         layout = self.builder.build(request.conversation,
                                     [(f.fact.id, f.fact.text) for f in ordered],
                                     tooling.tools if tooling else None)

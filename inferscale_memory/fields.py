@@ -21,7 +21,7 @@ from inferscale_memory.errors import InvalidInputError
 
 # -- memory: how an answer uses the user's facts ---------------------------------------------
 
-FactOrder = Literal["rank", "time", "time_rank"]  # best last; oldest first; see prompt_order
+FactOrder = Literal["rank", "time"]  # best-ranked fact last, or oldest first
 IndexBackend = Literal["exact", "qdrant", "hnsw"]
 StoreKind = Literal["sqlite", "postgres"]
 Mode = Literal["kv", "text"]  # inject the facts' KV, or prefill the same tokens as text

@@ -171,24 +171,17 @@ class PromptBuilder:
         return header, footer
 
 
-def prompt_order(facts: Sequence[ScoredFact], order: str, tail: int = 0) -> list[ScoredFact]:
+def prompt_order(facts: Sequence[ScoredFact], order: str) -> list[ScoredFact]:
     """Retrieved ``facts`` (best first) in prompt order.
 
     ``"rank"``: best-ranked last, nearest the question. ``"time"``: oldest first, by
     ``created_at`` (then id), the order of the adds, e.g. for questions about when.
-    ``"time_rank"``: the ``tail`` best-ranked facts last in rank order (the facts the KV
-    path computes), the others before them oldest first, so that an injected fact follows
-    older retrieved facts as it followed older facts when it was captured.
     """
     if order == "rank":
         return list(reversed(facts))
     if order == "time":
         return sorted(facts, key=lambda f: (f.fact.created_at, f.fact.id))
-    if order == "time_rank":
-        top = max(0, min(tail, len(facts)))
-        return prompt_order(facts[top:], "time") + list(reversed(facts[:top]))
-    raise InvalidInputError(
-        f"fact order must be 'rank', 'time' or 'time_rank', got {order!r}")
+    raise InvalidInputError(f"fact order must be 'rank' or 'time', got {order!r}")
 
 
 def tail_size(facts: int, recompute_tail: int, captured_alone: bool) -> int:

@@ -4,8 +4,7 @@
 (model load, compile) costs minutes, so this runs ``bench_locomo`` once per lever setting
 on one engine. A setting with ``recompute_tail`` or ``capture_context`` reuses the text
 path of the baseline (tail 0, context 0) with the same ``fact_order``, which runs first, or
-of the first setting that ran the same prompts (``prompt_key``: ``time_rank`` prompts
-depend on the tail).
+of the first setting that ran the same prompts (``prompt_key``).
 
     python scripts/quality_sweep.py --dataset locomo-dev.json --conversations 0 --limit 20 \\
         --k 5,10,20 --out runs/quality base=rank,0,0 tail2=rank,2,0 time=time,0,0 \\
@@ -42,9 +41,8 @@ def is_baseline(levers: dict[str, object]) -> bool:
 
 def prompt_key(levers: dict[str, object]) -> tuple[object, ...]:
     """What decides a setting's prompts, hence whose text path it can reuse: the fact
-    order, and with ``time_rank`` the tail too (it places the best-ranked facts)."""
-    order = levers["fact_order"]
-    return (order, levers["recompute_tail"]) if order == "time_rank" else (order,)
+    order (the tail and the capture context change only the KV path)."""
+    return (levers["fact_order"],)
 
 
 def main() -> None:

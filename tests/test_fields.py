@@ -49,7 +49,7 @@ def test_config_engine_and_server_share_a_rule(name: str, kind: Any, good: Any,
 
 
 def test_fact_orders_are_the_literal() -> None:
-    assert FACT_ORDERS == ("rank", "time", "time_rank")
+    assert FACT_ORDERS == ("rank", "time")
     for order in FACT_ORDERS:
         assert MemoryConfig.from_dict({"fact_order": order}).fact_order == order
 

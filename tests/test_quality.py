@@ -34,16 +34,6 @@ def test_time_order_is_the_order_of_the_adds() -> None:
         prompt_order(later, "alphabetical")
 
 
-def test_time_rank_order_keeps_the_tails_best_facts_last_and_the_rest_by_time() -> None:
-    facts = [scored("e", 5.0, 0.9), scored("b", 2.0, 0.8), scored("d", 4.0, 0.7),
-             scored("a", 1.0, 0.6), scored("c", 3.0, 0.5)]
-    assert [f.fact.id for f in prompt_order(facts, "time_rank", 2)] == ["a", "c", "d", "b", "e"]
-    assert [f.fact.id for f in prompt_order(facts, "time_rank", 0)] == \
-        [f.fact.id for f in prompt_order(facts, "time")]
-    assert [f.fact.id for f in prompt_order(facts, "time_rank", 9)] == \
-        [f.fact.id for f in prompt_order(facts, "rank")]
-
-
 def inject_spans(tail: int) -> list[tuple[str, int, int]]:
     layout = PromptLayout(list(range(40)), 5, [("f1", 5, 10), ("f2", 10, 18), ("f3", 18, 30)],
                           "L")

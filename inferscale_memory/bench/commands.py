@@ -71,9 +71,6 @@ def reuse_text_rows(source: RunFolder, run: RunFolder, params: dict[str, Any]) -
     changed = [name for name in same if before.get(name) != params.get(name)]
     if before.get("fact_order", "rank") != params["fact_order"]:
         changed.append("fact_order")
-    elif params["fact_order"] == "time_rank" and \
-            before.get("recompute_tail") != params["recompute_tail"]:
-        changed.append("recompute_tail (it places facts in time_rank order)")
     if changed:
         raise InvalidInputError(f"cannot reuse the text path of {source.path}: "
                                 f"other {', '.join(changed)}")

@@ -118,9 +118,3 @@ def test_text_path_reuse_needs_the_same_prompts(fake_engine: FakeEngine, locomo_
     fake_engine.config = fake_engine.config.replace(fact_order="time")
     with pytest.raises(InvalidInputError, match="fact_order"):
         run(fake_engine, locomo_file, tmp_path / "time", ks=(1,), limit=1, text_from=source)
-    fake_engine.config = fake_engine.config.replace(fact_order="time_rank", recompute_tail=4)
-    mixed = run(fake_engine, locomo_file, tmp_path / "mixed4", ks=(1,), limit=1).path
-    fake_engine.config = fake_engine.config.replace(recompute_tail=2)
-    # time_rank places the tail's best-ranked facts last: another tail, other prompts
-    with pytest.raises(InvalidInputError, match="recompute_tail"):
-        run(fake_engine, locomo_file, tmp_path / "mixed2", ks=(1,), limit=1, text_from=mixed)
