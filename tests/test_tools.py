@@ -181,6 +181,31 @@ def test_response_formats() -> None:
     assert check_tool_request(response_format={"type": "text"}).structured_outputs() is None  # type: ignore[union-attr]
 
 
+TIME = {"type": "function", "function": {"name": "get_time"}}
+
+
+@pytest.mark.parametrize("kwargs, param", [
+    (dict(response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": {}}}),
+     "response_format.json_schema.schema"),
+    (dict(response_format={"type": "json_object"}), "response_format"),
+    (dict(response_format={"type": "text"}), None),
+    (dict(tools=[WEATHER, TIME], tool_choice="required"), "tools"),
+    (dict(tools=[WEATHER, TIME], tool_choice={"type": "function",
+                                              "function": {"name": "get_time"}}),
+     "tools.1.function.parameters"),
+    (dict(tools=[WEATHER, TIME]), None),  # auto: vLLM's parser reads the calls, no grammar
+    (dict(tools=[WEATHER], tool_choice="none", response_format={"type": "json_object"}),
+     "response_format"),
+])
+def test_the_guided_parameter_is_the_one_whose_schema_guides(kwargs: dict[str, Any],
+                                                             param: str | None) -> None:
+    """What a SchemaError about the grammar vLLM failed on names (issue 30, item 4)."""
+    request = check_tool_request(**kwargs)
+    assert request is not None
+    assert request.guided_param == param
+    assert (request.structured_outputs() is None) == (param is None)
+
+
 @pytest.mark.parametrize("kwargs, match", [
     (dict(tools=[{"type": "function", "function": {"name": "no spaces"}}]), "function name"),
     (dict(tools=[WEATHER, WEATHER]), "unique"),
