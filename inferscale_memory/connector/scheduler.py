@@ -111,13 +111,15 @@ class SchedulerSide:
             if track is not None:
                 end = req.num_computed_tokens + num_scheduled.get(req.req_id, 0)
                 self._emit_captures(req.req_id, track, end, plan)
+        # vLLM 0.34 dropped resumed_req_ids: it re-sends a resumed request among the new.
+        resumed = getattr(cached_reqs, "resumed_req_ids", ())
         for i, req_id in enumerate(cached_reqs.req_ids):
             track = self._capture_of(req_id)
             if track is None:
                 continue
             new_blocks = cached_reqs.new_block_ids[i]
             if new_blocks is not None:
-                if req_id in cached_reqs.resumed_req_ids:
+                if req_id in resumed:
                     track.block_ids = list(new_blocks[0])
                 else:
                     track.block_ids.extend(new_blocks[0])

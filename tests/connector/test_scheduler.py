@@ -10,6 +10,7 @@ local prefix hit, ``update_state_after_alloc`` with the claimed count, then
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -424,6 +425,26 @@ def test_resumed_capture_uses_its_new_blocks(side: SchedulerSide, as_new: bool) 
         plan = continue_step(side, req, 30, new_blocks=[21, 22], resumed=True)
     assert plan.captures == [CaptureOp("pre", [21, 22], [spans[1]])]
     assert side.finished(req).captured == (HEADER, A)
+
+
+@dataclass
+class CachedRequestData034:
+    """vLLM 0.34's ``CachedRequestData`` as the scheduler side reads it: no
+    ``resumed_req_ids`` (0.34 re-sends a resumed request among the new ones, like the V2
+    runner above), so every cached request's new blocks are appended."""
+
+    req_ids: list[str]
+    new_block_ids: list[tuple[list[int], ...] | None]
+    num_computed_tokens: list[int]
+
+
+def test_cached_request_without_resumed_ids_appends_its_blocks(side: SchedulerSide) -> None:
+    prompt, spans = layout((HEADER, HEADER_IDS), (A, A_IDS), (C, QUESTION))
+    req = request("v034", prompt, RequestParams("alice", LAYOUT, capture=tuple(spans[:2])))
+    schedule(side, req, [11], chunk=16)  # computes [0, 16)
+    cached = CachedRequestData034([req.request_id], [([12],)], [req.num_computed_tokens])
+    plan = side.build_plan([], cached, {req.request_id: 4})  # [16, 20): A ends at 20
+    assert plan.captures == [CaptureOp("v034", [11, 12], [spans[1]])]
 
 
 def test_two_requests_in_one_step(primed: SchedulerSide) -> None:
