@@ -105,7 +105,7 @@ class VllmRuntime:
 
     async def _start(self) -> Any:
         from inferscale_memory.connector import kv_transfer_config
-        from inferscale_memory.connector.compat import (
+        from inferscale_memory.driver.frontend import (
             check_vllm_version,
             compact_json_outputs_config,
             new_socket_folder,
@@ -206,7 +206,7 @@ class VllmRuntime:
     @property
     def engine_settings(self) -> dict[str, Any]:
         """The scheduler and graph settings vLLM resolved for this engine."""
-        from inferscale_memory.connector.compat import scheduler_settings
+        from inferscale_memory.driver.frontend import scheduler_settings
 
         return scheduler_settings(self._llm.vllm_config)
 
@@ -242,7 +242,7 @@ class VllmRuntime:
         ``structured_outputs``: keyword arguments of vLLM's ``StructuredOutputsParams``
         (guided decoding; the same fields in vLLM 0.26 and 0.32).
         """
-        from inferscale_memory.connector.compat import delta_sampling_params
+        from inferscale_memory.driver.frontend import delta_sampling_params
 
         extra = {"kv_transfer_params": params.to_dict()} if params is not None else None
         sampling = delta_sampling_params(max_tokens=max_tokens, temperature=temperature,
@@ -376,7 +376,7 @@ async def refusing_bad_schemas(deltas: AsyncIterator[Delta], param: str
       to a grammar that admits nothing): vLLM 0.32 ends the request with ``finish_reason``
       "error" (its engine log says "grammar rejected tokens"), empty text.
     """
-    from inferscale_memory.connector.compat import request_validation_errors
+    from inferscale_memory.driver.frontend import request_validation_errors
 
     try:
         try:

@@ -452,7 +452,7 @@ def _parse_with_vllm(request: ToolRequest, text: str, tokenizer: Any
     The parser's interface (``ToolParserManager``, ``extract_tool_calls(text, request)``
     taking vLLM's own ``ChatCompletionRequest``) is the same in vLLM 0.26 and 0.32.
     """
-    from inferscale_memory.connector.compat import extract_tool_calls
+    from inferscale_memory.driver.frontend import extract_tool_calls
 
     assert request.parser is not None
     if request.parser == "hermes":

@@ -7,7 +7,7 @@ import tomllib
 from pathlib import Path
 
 import inferscale_memory
-from inferscale_memory.connector.compat import SUPPORTED_VLLM, check_vllm_version
+from inferscale_memory.driver.frontend import SUPPORTED_VLLM, check_vllm_version
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -80,16 +80,16 @@ def has_fields(cls: Any, *names: str) -> None:
 
 
 def vllm_version() -> Version:
-    from inferscale_memory.connector.compat import vllm_version
+    from inferscale_memory.driver.frontend import vllm_version
 
     return Version(vllm_version().split("+")[0])
 
 
-# -- connector/compat.py: the engine, its requests, its environment ------------------------
+# -- driver/frontend.py, driver/engine.py's plugin hook: the engine, its requests ----------
 
 
 def _version_supported() -> None:
-    from inferscale_memory.connector.compat import check_vllm_version
+    from inferscale_memory.driver.frontend import check_vllm_version
 
     check_vllm_version()
 
@@ -154,7 +154,7 @@ def _environment() -> None:
 def _sampling_params() -> None:
     from vllm.sampling_params import RequestOutputKind
 
-    from inferscale_memory.connector.compat import delta_sampling_params
+    from inferscale_memory.driver.frontend import delta_sampling_params
 
     extra = {"kv_transfer_params": {"inferscale": {"user": "u"}}}
     # every keyword runtime.stream passes, and each structured_outputs form tools.py makes
@@ -200,7 +200,7 @@ def _extracted_tool_calls() -> None:
 
 
 def _validation_error() -> None:
-    from inferscale_memory.connector.compat import request_validation_errors
+    from inferscale_memory.driver.frontend import request_validation_errors
 
     if vllm_version() < Version("0.32"):
         pytest.skip("vLLM before 0.32 refuses a request with ValueError")
@@ -210,7 +210,7 @@ def _validation_error() -> None:
 
 
 def _structured_outputs_config() -> None:
-    from inferscale_memory.connector.compat import compact_json_outputs_config
+    from inferscale_memory.driver.frontend import compact_json_outputs_config
 
     config = compact_json_outputs_config()
     assert (config.backend, config.disable_any_whitespace) == ("xgrammar", True)
@@ -227,6 +227,9 @@ def _kv_transfer_config() -> None:
     assert config.kv_connector_extra_config == {"pool_bytes": 1}
     if "kv_load_failure_policy" in field_names(KVTransferConfig):
         assert config.kv_load_failure_policy == "recompute"
+
+
+# -- driver/engine.py: the loaded model, in vLLM's engine core and workers ----------------
 
 
 def _static_forward_context() -> None:
@@ -314,7 +317,7 @@ def _rope_module() -> Any:
 def _rope_memo() -> None:
     from vllm.model_executor.layers import rotary_embedding
 
-    from inferscale_memory.connector.compat import model_rotary_module
+    from inferscale_memory.driver.engine import model_rotary_module
 
     rope, memo = _rope_module()
     assert list(memo.values()) == [rope], "get_rope no longer memoises in _ROPE_DICT"
@@ -503,45 +506,45 @@ def _engine_dead_error() -> None:
 
 
 TOUCHES: tuple[Touch, ...] = (
-    Touch("vllm.__version__ within SUPPORTED_VLLM", "inferscale_memory/connector/compat.py",
+    Touch("vllm.__version__ within SUPPORTED_VLLM", "inferscale_memory/driver/frontend.py",
           _version_supported),
     Touch("vllm.plugins.DEFAULT_PLUGINS_GROUP (our entry point's group)", "pyproject.toml",
           _plugin_group),
     Touch("torch._dynamo BundledAOTAutogradSerializableCallable, vLLM's finalize_loading",
-          "inferscale_memory/connector/compat.py", _compile_cache_patch),
+          "inferscale_memory/driver/engine.py", _compile_cache_patch),
     Touch("AsyncEngineArgs fields", "inferscale_memory/runtime.py", _engine_args),
     Touch("AsyncLLM.from_engine_args(usage_context=UsageContext.OPENAI_API_SERVER)",
-          "inferscale_memory/connector/compat.py", _start_async_llm),
+          "inferscale_memory/driver/frontend.py", _start_async_llm),
     Touch("vllm_config scheduler/compilation/model settings",
-          "inferscale_memory/connector/compat.py", _scheduler_settings),
+          "inferscale_memory/driver/frontend.py", _scheduler_settings),
     Touch("envs VLLM_CPU_KVCACHE_SPACE, VLLM_RPC_BASE_PATH, VLLM_WORKER_MULTIPROC_METHOD",
-          "inferscale_memory/connector/compat.py", _environment),
+          "inferscale_memory/driver/frontend.py", _environment),
     Touch("SamplingParams(output_kind=DELTA, structured_outputs=StructuredOutputsParams)",
-          "inferscale_memory/connector/compat.py", _sampling_params),
+          "inferscale_memory/driver/frontend.py", _sampling_params),
     Touch("ChatCompletionRequest(messages, tools, tool_choice)",
-          "inferscale_memory/connector/compat.py", _tool_request),
+          "inferscale_memory/driver/frontend.py", _tool_request),
     Touch("ToolParserManager.get_tool_parser(name)(tokenizer).extract_tool_calls",
           "inferscale_memory/tools.py", _tool_parsers),
     Touch("ExtractedToolCallInformation.tools_called/tool_calls/content",
           "inferscale_memory/tools.py", _extracted_tool_calls),
-    Touch("vllm.exceptions.VLLMValidationError", "inferscale_memory/connector/compat.py",
+    Touch("vllm.exceptions.VLLMValidationError", "inferscale_memory/driver/frontend.py",
           _validation_error),
     Touch("StructuredOutputsConfig(backend, disable_any_whitespace)",
-          "inferscale_memory/connector/compat.py", _structured_outputs_config),
+          "inferscale_memory/driver/frontend.py", _structured_outputs_config),
     Touch("KVTransferConfig(kv_connector_module_path, kv_load_failure_policy)",
-          "inferscale_memory/connector/compat.py", _kv_transfer_config),
-    Touch("compilation_config.static_forward_context", "inferscale_memory/connector/compat.py",
+          "inferscale_memory/driver/frontend.py", _kv_transfer_config),
+    Touch("compilation_config.static_forward_context", "inferscale_memory/driver/engine.py",
           _static_forward_context),
     Touch("impl.do_kv_cache_update(layer, key, value, kv_cache, slot_mapping)",
-          "inferscale_memory/connector/compat.py", _cache_writer),
+          "inferscale_memory/driver/engine.py", _cache_writer),
     Touch("torch.ops._C_cache_ops.reshape_and_cache_flash, layer._k_scale/_v_scale",
-          "inferscale_memory/connector/compat.py", _legacy_flash_writer),
+          "inferscale_memory/driver/engine.py", _legacy_flash_writer),
     Touch("rotary_embedding._ROPE_DICT (get_rope's memo), head_size/rotary_dim/base",
-          "inferscale_memory/connector/compat.py", _rope_memo),
+          "inferscale_memory/driver/engine.py", _rope_memo),
     Touch("RotaryEmbedding._compute_cos_sin_cache() -> (max_position, rotary_dim)",
           "inferscale_memory/kv/rope.py", _rope_cos_sin_cache),
     Touch("ModelConfig.get_num_layers/get_num_kv_heads/get_head_size, cache_dtype",
-          "inferscale_memory/connector/compat.py", _pool_budget),
+          "inferscale_memory/driver/engine.py", _pool_budget),
     Touch("AsyncLLM.vllm_config", "inferscale_memory/runtime.py",
           _async_llm_attribute("vllm_config")),
     Touch("AsyncLLM.output_handler", "inferscale_memory/runtime.py",

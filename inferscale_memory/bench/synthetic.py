@@ -365,7 +365,7 @@ def run_environment(runtime: VllmRuntime) -> dict[str, Any]:
 
     import torch
 
-    from inferscale_memory.connector.compat import vllm_version
+    from inferscale_memory.driver.frontend import vllm_version
 
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True, check=False).stdout.strip() or None

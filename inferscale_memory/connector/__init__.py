@@ -1,6 +1,8 @@
 """The vLLM KV connector of inferscale-memory and its configuration.
 
-Only this package touches vLLM internals; :mod:`.compat` holds the version shims.
+The class vLLM instantiates (:mod:`.connector`) is a thin shim over the scheduler and
+worker sides; what they read of vLLM beyond the connector base API goes through the
+driver (:mod:`inferscale_memory.driver`).
 """
 
 from __future__ import annotations
@@ -13,6 +15,6 @@ CONNECTOR_CLASS = "InferScaleConnector"
 
 def kv_transfer_config(extra: dict[str, Any] | None = None) -> Any:
     """vLLM's ``KVTransferConfig`` that loads :class:`InferScaleConnector`."""
-    from inferscale_memory.connector.compat import kv_transfer_config as make
+    from inferscale_memory.driver.frontend import kv_transfer_config as make
 
     return make(CONNECTOR_MODULE, CONNECTOR_CLASS, extra or {})

@@ -33,10 +33,10 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 
 from inferscale_memory import lifeline
-from inferscale_memory.connector import compat
 from inferscale_memory.connector.plan import StepPlan
 from inferscale_memory.connector.scheduler import SchedulerSide
 from inferscale_memory.connector.worker import WorkerSide
+from inferscale_memory.driver import engine as driver
 from inferscale_memory.errors import ConfigError
 from inferscale_memory.fields import kv_cache_dtype_problem
 
@@ -59,9 +59,9 @@ class InferScaleConnector(KVConnectorBase_V1):
             raise ConfigError(problem)
         lifeline.watch_parent()  # this process (engine core, worker) ends with the engine's owner
         lifeline.leave_interrupts_to_owner()
-        self._scheduler = (SchedulerSide(compat.pool_budget_tokens(vllm_config),
-                                         compat.host_pool_budget_tokens(vllm_config),
-                                         compat.cache_block_size(vllm_config))
+        self._scheduler = (SchedulerSide(driver.pool_budget_tokens(vllm_config),
+                                         driver.host_pool_budget_tokens(vllm_config),
+                                         driver.cache_block_size(vllm_config))
                            if role == KVConnectorRole.SCHEDULER else None)
         self._worker = WorkerSide(vllm_config) if role == KVConnectorRole.WORKER else None
 

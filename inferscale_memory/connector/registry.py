@@ -7,10 +7,10 @@ a :data:`Move`, which the scheduler side forwards to every worker in the step pl
 workers replay the moves and never choose a victim themselves, so their pools hold what
 the registry holds.
 
-Budgets are token rows of one worker (:mod:`.compat` turns the configured bytes into
-rows). The device budget also covers the captures in flight (reserved when the capture
-is emitted, registered when its request finishes) and the rows of facts deleted in a step
-that a load of the same step still reads.
+Budgets are token rows of one worker (:mod:`inferscale_memory.driver.engine` turns the
+configured bytes into rows). The device budget also covers the captures in flight
+(reserved when the capture is emitted, registered when its request finishes) and the rows
+of facts deleted in a step that a load of the same step still reads.
 
 The scheduler makes room on every capture, so no operation lists the facts held: running
 totals say whether room can be made, and eviction walks the tiers from their cold ends.

@@ -18,9 +18,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from inferscale_memory.connector import compat
 from inferscale_memory.connector.params import FactKey
 from inferscale_memory.connector.plan import DEMOTE, PROMOTE, LoadOp, StepPlan, blocks_of
+from inferscale_memory.driver import engine as driver
 from inferscale_memory.kv import fused
 from inferscale_memory.kv.cache_map import CacheMap, flat_view, probe_cache_map
 from inferscale_memory.kv.fused import FusedInjector
@@ -40,7 +40,7 @@ class _Layer:
     name: str
     flat: torch.Tensor  # 1-D view of this layer's cache
     cache_map: CacheMap
-    write: Any  # compat.cache_writer
+    write: Any  # driver.engine.cache_writer
 
 
 @dataclass
@@ -61,7 +61,7 @@ class WorkerSide:
         self.host_pool: KVPool[FactKey] = KVPool()  # demoted facts, in host memory
         self._layers: list[_Layer] = []
         self._index: dict[str, int] = {}
-        self._block_size = compat.cache_block_size(vllm_config)
+        self._block_size = driver.cache_block_size(vllm_config)
         self._shift: RotaryShift | None = None
         self._stage: HostStage | None = None  # index arrays' one copy per step
         self._slab: KVSlab | None = None
@@ -74,29 +74,29 @@ class WorkerSide:
 
     def register(self, kv_caches: dict[str, torch.Tensor]) -> None:
         """Learn the cache map of every layer (before any request ran)."""
-        names = sorted(kv_caches, key=compat.layer_index)
-        modules = compat.attention_layers(self._config, names)
-        heads, head_dim = compat.kv_heads_and_dim(self._config)
+        names = sorted(kv_caches, key=driver.layer_index)
+        modules = driver.attention_layers(self._config, names)
+        heads, head_dim = driver.kv_heads_and_dim(self._config)
         probed: dict[tuple[Any, ...], CacheMap] = {}
         for name in names:
             cache = kv_caches[name]
-            write = compat.cache_writer(modules[name], cache)
+            write = driver.cache_writer(modules[name], cache)
             signature = (tuple(cache.shape), cache.stride(), cache.dtype)
             if signature not in probed:
                 probed[signature] = probe_cache_map(cache, write, self._block_size, heads, head_dim)
             self._layers.append(_Layer(name, flat_view(cache), probed[signature], write))
         self._index = {layer.name: i for i, layer in enumerate(self._layers)}
         first = kv_caches[names[0]]
-        budget = compat.pool_budget_tokens(self._config)
+        budget = driver.pool_budget_tokens(self._config)
         self._slab = KVSlab(len(names), heads, head_dim, first.dtype, first.device,
                             capacity=min(4096, budget or 4096), max_capacity=budget)
-        host_budget = compat.host_pool_budget_tokens(self._config)
+        host_budget = driver.host_pool_budget_tokens(self._config)
         if host_budget:
             self._host = KVSlab(len(names), heads, head_dim, first.dtype, "cpu",
                                 capacity=min(4096, host_budget), max_capacity=host_budget,
                                 pin_memory=first.is_cuda)
         self._shift = RotaryShift.from_rotary_module(
-            compat.model_rotary_module(head_dim)).on(first.device)
+            driver.model_rotary_module(head_dim)).on(first.device)
         cache_maps = [layer.cache_map for layer in self._layers]
         if fused.available(first.device, first.dtype, self._slab.data.dtype, cache_maps):
             self._fused = FusedInjector([layer.flat for layer in self._layers], cache_maps[0],

@@ -2,7 +2,7 @@
 
 Synthetic writers mimic the real layouts (FlashAttention's K/V planes, the CPU backend's
 transposed and tiled K, a permuted non-contiguous view); the last tests use vLLM's own
-CPU cache kernel through the same path as the worker (``compat.cache_writer``).
+CPU cache kernel through the same path as the worker (``driver.engine.cache_writer``).
 """
 
 from __future__ import annotations
@@ -165,12 +165,12 @@ REAL_NB, REAL_H, REAL_BS, REAL_D = 4, 2, 128, 64
 
 
 def cpu_backend_writer(cache: torch.Tensor, isa: str) -> Writer:
-    """The worker's writer for a CPU attention layer: compat.cache_writer -> the backend's
-    own ``do_kv_cache_update`` -> ``cpu_attn_reshape_and_cache``."""
+    """The worker's writer for a CPU attention layer: driver.engine.cache_writer -> the
+    backend's own ``do_kv_cache_update`` -> ``cpu_attn_reshape_and_cache``."""
     from vllm.v1.attention.backend import AttentionType
     from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackendImpl
 
-    from inferscale_memory.connector import compat
+    from inferscale_memory.driver import engine
 
     # The impl's constructor needs a model config; do_kv_cache_update reads only these.
     impl = object.__new__(CPUAttentionBackendImpl)
@@ -178,7 +178,7 @@ def cpu_backend_writer(cache: torch.Tensor, isa: str) -> Writer:
     impl.kv_cache_dtype = "auto"
     impl.isa = isa  # vLLM 0.26 reads the ISA from the impl, 0.32 from the layer
     layer = SimpleNamespace(impl=impl, isa=isa, _k_scale_float=1.0, _v_scale_float=1.0)
-    return compat.cache_writer(layer, cache)
+    return engine.cache_writer(layer, cache)
 
 
 def real_isas(dtype: torch.dtype) -> list[str]:

