@@ -31,7 +31,9 @@ def run(engine: MemoryEngine, folder: str, user: str = "caroline") -> list[ChatR
         print(f"[{m.mode}] injected {m.injected_tokens} tokens, computed {m.computed_tokens}, "
               f"TTFT {m.ttft_ms:.0f} ms: {reply.text!r}")
     memory.delete(job_id)
-    print("left:", len(memory.get_all(filters={"user_id": user})["results"]), "memories")
+    # Mem0 lists 20 memories unless told how many
+    left = memory.get_all(filters={"user_id": user}, top_k=len(CAROLINE))
+    print("left:", len(left["results"]), "memories")
     print("history:", [e["event"] for e in memory.history(job_id)])
     return replies
 

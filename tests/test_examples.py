@@ -73,6 +73,8 @@ def test_the_mem0_example_injects_mem0s_search_results(
     assert text.metrics.injected_tokens == 0
     out = capsys.readouterr().out
     assert printed_both_paths(out) and "history: ['ADD', 'UPDATE', 'DELETE']" in out
+    # every fact but the deleted one (Mem0's get_all lists 20 unless told how many)
+    assert f"left: {len(example('facts').CAROLINE) - 1} memories" in out
 
 
 def test_the_openai_client_injects_the_facts_it_stored_through_the_server(
