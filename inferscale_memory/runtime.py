@@ -28,6 +28,7 @@ from inferscale_memory import lifeline
 from inferscale_memory.config import MemoryConfig
 from inferscale_memory.connector.params import RequestParams, cache_salt
 from inferscale_memory.connector.report import ConnectorReport
+from inferscale_memory.driver import frontend
 from inferscale_memory.errors import EngineClosedError, EngineError, SchemaError
 from inferscale_memory.vllm_log import VllmLog
 
@@ -98,22 +99,15 @@ class VllmRuntime:
                               + (f"\nthe end of vLLM's log ({self._log.path}):\n{tail}"
                                  if tail else "")) from exc
         self.start_s = time.perf_counter() - started
-        self.max_model_len = int(self._llm.vllm_config.model_config.max_model_len)
+        self.max_model_len = frontend.max_model_len(self._llm)
         _open.add(self)
         _close_open_runtimes_at_exit()
         logger.info("vLLM ready in %.1f s", self.start_s)
 
     async def _start(self) -> Any:
         from inferscale_memory.connector import kv_transfer_config
-        from inferscale_memory.driver.frontend import (
-            check_vllm_version,
-            compact_json_outputs_config,
-            new_socket_folder,
-            start_async_llm,
-            start_environment,
-        )
 
-        check_vllm_version()
+        frontend.check_vllm_version()
         args = dict(
             model=str(self.model_path),
             max_model_len=self.max_model_len,  # None: the model's own context
@@ -127,7 +121,7 @@ class VllmRuntime:
             # whitespace allowed, a small model can spend max_tokens on it. vLLM 0.26 and
             # 0.32 read this engine-wide, not per request, and only for a named backend
             # (xgrammar: vLLM's default under "auto").
-            structured_outputs_config=compact_json_outputs_config(),
+            structured_outputs_config=frontend.compact_json_outputs_config(),
         )
         if self.connector:
             args["kv_transfer_config"] = kv_transfer_config(
@@ -135,9 +129,9 @@ class VllmRuntime:
                  "host_pool_bytes": int(self.config.kv_host_pool_gb * (1 << 30))})
         args.update(self.config.engine_args)
         lifeline.mark_owner()  # vLLM's processes end with this one (inferscale_memory.lifeline)
-        self.socket_folder = new_socket_folder()
-        return start_async_llm(args, start_environment(self.config.kv_cache_gb,
-                                                       self.socket_folder))
+        self.socket_folder = frontend.new_socket_folder()
+        return frontend.start_async_llm(
+            args, frontend.start_environment(self.config.kv_cache_gb, self.socket_folder))
 
     # -- running coroutines --------------------------------------------------------------
 
@@ -206,19 +200,17 @@ class VllmRuntime:
     @property
     def engine_settings(self) -> dict[str, Any]:
         """The scheduler and graph settings vLLM resolved for this engine."""
-        from inferscale_memory.driver.frontend import scheduler_settings
-
-        return scheduler_settings(self._llm.vllm_config)
+        return frontend.engine_settings(self._llm)
 
     @property
     def block_size(self) -> int:
         """Tokens per KV block of the engine (the prefix cache's granularity)."""
-        return int(self._llm.vllm_config.cache_config.block_size)
+        return frontend.block_size(self._llm)
 
     @property
     def kv_cache_blocks(self) -> int:
         """KV blocks vLLM allocated for the engine (its CPU engine: ``kv_cache_gb`` of them)."""
-        return int(self._llm.vllm_config.cache_config.num_gpu_blocks or 0)
+        return frontend.kv_cache_blocks(self._llm)
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -242,16 +234,12 @@ class VllmRuntime:
         ``structured_outputs``: keyword arguments of vLLM's ``StructuredOutputsParams``
         (guided decoding; the same fields in vLLM 0.26 and 0.32).
         """
-        from inferscale_memory.driver.frontend import delta_sampling_params
-
         extra = {"kv_transfer_params": params.to_dict()} if params is not None else None
-        sampling = delta_sampling_params(max_tokens=max_tokens, temperature=temperature,
-                                         stop=stop, logprobs=logprobs, seed=seed,
-                                         extra_args=extra, ignore_eos=ignore_eos,
-                                         detokenize=self.detokenize,
-                                         skip_special_tokens=skip_special_tokens,
-                                         structured_outputs=structured_outputs,
-                                         **sampling_options)
+        sampling = frontend.delta_sampling_params(
+            max_tokens=max_tokens, temperature=temperature, stop=stop, logprobs=logprobs,
+            seed=seed, extra_args=extra, ignore_eos=ignore_eos, detokenize=self.detokenize,
+            skip_special_tokens=skip_special_tokens, structured_outputs=structured_outputs,
+            **sampling_options)
         prompt: dict[str, Any] = {"prompt_token_ids": list(token_ids),
                                   "cache_salt": request_salt(user, params)}
         done = Completion(logprobs=[] if logprobs else None)
@@ -292,7 +280,7 @@ class VllmRuntime:
     def healthy(self) -> bool:
         """Whether vLLM serves: started, not closed, its engine process not failed."""
         return (not self._closed and self._llm is not None
-                and not getattr(self._llm, "errored", False))
+                and not frontend.is_errored(self._llm))
 
     def unfinished_requests(self) -> int:
         """Requests vLLM holds now (waiting or generating), captures included."""
@@ -311,14 +299,14 @@ class VllmRuntime:
             return
         self._closed = True
         _open.discard(self)
-        failed = bool(getattr(self._llm, "errored", False))
+        failed = frontend.is_errored(self._llm)
         try:
             # vLLM cancels its output handler only after its engine process is gone, and
             # the handler logs that death as an error: stop it first. Then the requests in
             # flight: their waits fail with EngineClosedError, vLLM aborts them.
-            self._on_loop(self._stop_output_handler())
+            self._on_loop(frontend.stop_output_handler(self._llm))
             self._on_loop(self._cancel_tasks())
-            self._llm.shutdown(timeout=SHUTDOWN_TIMEOUT_S)
+            frontend.shutdown(self._llm, timeout=SHUTDOWN_TIMEOUT_S)
         finally:
             # Drop vLLM's engine now: its __del__ shuts down again, which fails if it
             # runs during interpreter teardown (vLLM 0.32).
@@ -349,12 +337,6 @@ class VllmRuntime:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _stop_output_handler(self) -> None:
-        handler = getattr(self._llm, "output_handler", None)
-        if handler is not None and not handler.done():
-            handler.cancel()
-            await asyncio.gather(handler, return_exceptions=True)
-
     def _stop_loop(self) -> None:
         self._on_loop(self._cancel_tasks())  # no task is left pending at exit
         self._loop.call_soon_threadsafe(self._loop.stop)
@@ -376,12 +358,10 @@ async def refusing_bad_schemas(deltas: AsyncIterator[Delta], param: str
       to a grammar that admits nothing): vLLM 0.32 ends the request with ``finish_reason``
       "error" (its engine log says "grammar rejected tokens"), empty text.
     """
-    from inferscale_memory.driver.frontend import request_validation_errors
-
     try:
         try:
             delta = await anext(deltas)
-        except request_validation_errors() as exc:
+        except frontend.request_validation_errors() as exc:
             raise SchemaError(f"{param}: this JSON schema cannot be used for guided decoding: "
                               f"{exc}", param) from exc
         while True:

@@ -447,22 +447,15 @@ def _parse_required(text: str) -> tuple[str | None, list[ToolCall]]:
 
 def _parse_with_vllm(request: ToolRequest, text: str, tokenizer: Any
                      ) -> tuple[str | None, list[ToolCall]]:
-    """``auto``: vLLM's tool parser of the model reads the calls out of the text.
-
-    The parser's interface (``ToolParserManager``, ``extract_tool_calls(text, request)``
-    taking vLLM's own ``ChatCompletionRequest``) is the same in vLLM 0.26 and 0.32.
-    """
+    """``auto``: vLLM's tool parser of the model reads the calls out of the text
+    (:func:`inferscale_memory.driver.frontend.extract_tool_calls`)."""
     from inferscale_memory.driver.frontend import extract_tool_calls
 
     assert request.parser is not None
     if request.parser == "hermes":
         text = split_call_lists(text)
-    found = extract_tool_calls(request.parser, request.tools, text, tokenizer)
-    if not found.tools_called:
-        return text, []
-    calls = [ToolCall(new_call_id(), c.function.name, c.function.arguments)
-             for c in found.tool_calls]
-    return found.content or None, calls
+    content, found = extract_tool_calls(request.parser, request.tools, text, tokenizer)
+    return content, [ToolCall(new_call_id(), name, arguments) for name, arguments in found]
 
 
 def split_call_lists(text: str) -> str:

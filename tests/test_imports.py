@@ -7,6 +7,10 @@ Read from the source with ``ast`` (nothing is imported), over every module of
   API) and ``inferscale_memory.connector`` (the class vLLM instantiates) may import
   ``vllm``. Every import counts here, a function's lazy one included, and so does
   ``importlib.import_module("vllm...")``.
+- The door is shut for reads too: the private or version-specific names of vLLM that
+  ``tests/test_vllm_contract.py`` checks (:data:`PRIVATE_VLLM_NAMES`, each in one of its
+  ``TOUCHES``) are read only inside the door: an attribute, a name, an imported name or a
+  string that is exactly one of them (``getattr(llm, "errored")``) counts elsewhere.
 - Cycles: module A imports module B when A's module-level code does: its body and the
   bodies of ``if``/``try``/``with`` blocks and classes in it, ``if TYPE_CHECKING:`` blocks
   included (a cycle of types is a cycle of design: ``memory.py`` once type-hinted the
@@ -29,6 +33,17 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 DOORS = ("inferscale_memory.connector", "inferscale_memory.driver")
+# vLLM's private or version-specific names that only the door reads. Each is named by a
+# touch of tests/test_vllm_contract.py; names that our own code also uses for its own
+# things (``ChatCompletionRequest``, ``extract_tool_calls``, ``max_model_len``) are left out.
+PRIVATE_VLLM_NAMES = (
+    "_ROPE_DICT", "_compute_cos_sin_cache", "_C_cache_ops", "_k_scale", "_v_scale",
+    "do_kv_cache_update", "static_forward_context", "_dynamo", "finalize_loading",
+    "vllm_config", "output_handler", "errored", "num_gpu_blocks", "EngineDeadError",
+    "VLLMValidationError", "ToolParserManager", "get_tool_parser", "tools_called",
+    "VLLM_CPU_KVCACHE_SPACE", "VLLM_RPC_BASE_PATH", "CachedRequestData", "resumed_req_ids",
+    "scheduled_cached_reqs", "get_block_ids", "_get_connector_metadata",
+)
 
 
 def package_modules(root: Path) -> dict[str, Path]:
@@ -92,7 +107,7 @@ def vllm_imports(modules: dict[str, Path]) -> dict[str, list[str]]:
     """Modules outside the door that import vLLM, with what they import."""
     found = {}
     for name, path in modules.items():
-        if any(name == door or name.startswith(door + ".") for door in DOORS):
+        if inside_the_door(name):
             continue
         tree = ast.parse(path.read_text(), str(path))
         hits = sorted({base for _, base in imported_names(name, path, tree)
@@ -100,6 +115,42 @@ def vllm_imports(modules: dict[str, Path]) -> dict[str, list[str]]:
         if hits:
             found[name] = hits
     return found
+
+
+def inside_the_door(module: str) -> bool:
+    return any(module == door or module.startswith(door + ".") for door in DOORS)
+
+
+def private_vllm_reads(modules: dict[str, Path]) -> dict[str, list[str]]:
+    """Modules outside the door that read a name of :data:`PRIVATE_VLLM_NAMES`, with the
+    names they read."""
+    private = set(PRIVATE_VLLM_NAMES)
+    found = {}
+    for name, path in modules.items():
+        if inside_the_door(name):
+            continue
+        used = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Attribute):
+                used.add(node.attr)
+            elif isinstance(node, ast.Name):
+                used.add(node.id)
+            elif isinstance(node, ast.alias):
+                used.add(node.name.rsplit(".", 1)[-1])
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                used.add(node.value)
+        if hits := sorted(used & private):
+            found[name] = hits
+    return found
+
+
+def touched_names(contract: Path) -> str:
+    """What every touch of ``TOUCHES`` in ``contract`` reads, joined (read with ``ast``:
+    the contract test imports vLLM)."""
+    tree = ast.parse(contract.read_text(), str(contract))
+    return " ".join(node.args[0].value for node in ast.walk(tree)
+                    if isinstance(node, ast.Call) and ast.unparse(node.func) == "Touch"
+                    and node.args and isinstance(node.args[0], ast.Constant))
 
 
 def import_graph(modules: dict[str, Path], lazy: bool = False) -> dict[str, set[str]]:
@@ -158,6 +209,18 @@ def test_only_the_driver_and_the_connector_import_vllm() -> None:
     assert vllm_imports(modules) == {}, f"vLLM imported outside {DOORS}"
 
 
+def test_only_the_driver_and_the_connector_read_vllms_private_names() -> None:
+    assert private_vllm_reads(package_modules(ROOT)) == {}, \
+        f"vLLM's private names read outside {DOORS}: move the read into inferscale_memory/driver"
+
+
+def test_each_private_name_is_checked_by_the_vllm_contract() -> None:
+    touched = touched_names(ROOT / "tests" / "test_vllm_contract.py")
+    assert "AsyncLLM.output_handler" in touched  # the touches are read
+    unchecked = [name for name in PRIVATE_VLLM_NAMES if name not in touched]
+    assert not unchecked, f"no touch of tests/test_vllm_contract.py checks {unchecked}"
+
+
 def test_no_import_cycle_between_the_package_modules() -> None:
     graph = import_graph(package_modules(ROOT))
     assert "inferscale_memory.runtime" in graph["inferscale_memory.engine"]  # edges are seen
@@ -207,3 +270,27 @@ def test_the_checks_find_what_they_look_for(tmp_path: Path) -> None:
     lazy = import_graph(modules, lazy=True)
     assert lazy["inferscale_memory.e"] == {"inferscale_memory.d"}
     assert ["inferscale_memory.d", "inferscale_memory.e", "inferscale_memory.h"] in cycles(lazy)
+
+
+def test_the_private_names_check_finds_reads_outside_the_door(tmp_path: Path) -> None:
+    """Reads through an attribute, ``getattr``, a call and an import are found outside the
+    door; a docstring that names one, and any read inside the door, are not."""
+    package = tmp_path / "inferscale_memory"
+    (package / "driver").mkdir(parents=True)
+    files = {
+        "__init__.py": "",
+        "x.py": '"""Stops the output_handler."""\n\n\ndef f(llm, rope):\n'
+                '    return getattr(llm, "errored"), llm.vllm_config, '
+                'rope._compute_cos_sin_cache()\n',
+        "y.py": "from vllm.v1.core.sched.output import CachedRequestData\n",
+        "z.py": '"""Nothing of vLLM: EngineDeadError is named in prose only."""\n',
+        "driver/__init__.py": "",
+        "driver/engine.py": "from vllm.model_executor.layers.rotary_embedding import _ROPE_DICT\n"
+                            "def f(llm):\n    return llm.output_handler\n",
+    }
+    for name, text in files.items():
+        (package / name).write_text(text)
+    (tmp_path / "adapters").mkdir()
+    assert private_vllm_reads(package_modules(tmp_path)) == {
+        "inferscale_memory.x": ["_compute_cos_sin_cache", "errored", "vllm_config"],
+        "inferscale_memory.y": ["CachedRequestData"]}

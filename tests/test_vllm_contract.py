@@ -7,8 +7,9 @@ name...) may move in any release. :data:`TOUCHES` lists each of those touches on
 is read, the file of ours that reads it, and a check against the installed vLLM that needs
 no engine (imports, signatures, fields, and objects vLLM builds without a model). A new vLLM
 version then fails here with one line per touch that moved, naming the file to change,
-instead of failing an engine test minutes in. The driver split of issue 32 is meant to
-reuse this tuple as its list of what it owns.
+instead of failing an engine test minutes in. The files are the driver's
+(``inferscale_memory/driver/``), the connector's, and the runtime's for ``AsyncLLM``'s
+public methods; ``tests/test_imports.py`` keeps vLLM's private names out of the rest.
 
 Run against (docs/architecture.md, "vLLM versions", says how and what moved):
 
@@ -355,7 +356,7 @@ def _pool_budget() -> None:
     has_fields(KVTransferConfig, "kv_connector_extra_config")
 
 
-# -- runtime.py: the AsyncLLM it owns -------------------------------------------------------
+# -- driver/frontend.py and runtime.py: the AsyncLLM the runtime owns ----------------------
 
 
 def _async_llm_attribute(name: str) -> Callable[[], None]:
@@ -496,7 +497,7 @@ def _request() -> None:
     assert request.kv_transfer_params == wire  # from SamplingParams.extra_args
 
 
-# -- server/errors.py -----------------------------------------------------------------------
+# -- driver/frontend.py: vLLM's errors ------------------------------------------------------
 
 
 def _engine_dead_error() -> None:
@@ -524,9 +525,9 @@ TOUCHES: tuple[Touch, ...] = (
     Touch("ChatCompletionRequest(messages, tools, tool_choice)",
           "inferscale_memory/driver/frontend.py", _tool_request),
     Touch("ToolParserManager.get_tool_parser(name)(tokenizer).extract_tool_calls",
-          "inferscale_memory/tools.py", _tool_parsers),
+          "inferscale_memory/driver/frontend.py", _tool_parsers),
     Touch("ExtractedToolCallInformation.tools_called/tool_calls/content",
-          "inferscale_memory/tools.py", _extracted_tool_calls),
+          "inferscale_memory/driver/frontend.py", _extracted_tool_calls),
     Touch("vllm.exceptions.VLLMValidationError", "inferscale_memory/driver/frontend.py",
           _validation_error),
     Touch("StructuredOutputsConfig(backend, disable_any_whitespace)",
@@ -542,15 +543,15 @@ TOUCHES: tuple[Touch, ...] = (
     Touch("rotary_embedding._ROPE_DICT (get_rope's memo), head_size/rotary_dim/base",
           "inferscale_memory/driver/engine.py", _rope_memo),
     Touch("RotaryEmbedding._compute_cos_sin_cache() -> (max_position, rotary_dim)",
-          "inferscale_memory/kv/rope.py", _rope_cos_sin_cache),
+          "inferscale_memory/driver/engine.py", _rope_cos_sin_cache),
     Touch("ModelConfig.get_num_layers/get_num_kv_heads/get_head_size, cache_dtype",
           "inferscale_memory/driver/engine.py", _pool_budget),
-    Touch("AsyncLLM.vllm_config", "inferscale_memory/runtime.py",
+    Touch("AsyncLLM.vllm_config", "inferscale_memory/driver/frontend.py",
           _async_llm_attribute("vllm_config")),
-    Touch("AsyncLLM.output_handler", "inferscale_memory/runtime.py",
+    Touch("AsyncLLM.output_handler", "inferscale_memory/driver/frontend.py",
           _async_llm_attribute("output_handler")),
-    Touch("AsyncLLM.errored", "inferscale_memory/runtime.py", _errored),
-    Touch("AsyncLLM.shutdown(timeout=)", "inferscale_memory/runtime.py", _shutdown),
+    Touch("AsyncLLM.errored", "inferscale_memory/driver/frontend.py", _errored),
+    Touch("AsyncLLM.shutdown(timeout=)", "inferscale_memory/driver/frontend.py", _shutdown),
     Touch("AsyncLLM.generate/get_num_unfinished_requests/reset_prefix_cache",
           "inferscale_memory/runtime.py", _requests),
     Touch("TokensPrompt prompt_token_ids + cache_salt", "inferscale_memory/runtime.py",
@@ -558,7 +559,7 @@ TOUCHES: tuple[Touch, ...] = (
     Touch("RequestOutput.kv_transfer_params/num_cached_tokens, CompletionOutput",
           "inferscale_memory/runtime.py", _request_output),
     Touch("model_config.max_model_len, cache_config.block_size/num_gpu_blocks",
-          "inferscale_memory/runtime.py", _runtime_config),
+          "inferscale_memory/driver/frontend.py", _runtime_config),
     Touch("KVConnectorBase_V1 method parameters", "inferscale_memory/connector/connector.py",
           _base_methods),
     Touch("KVConnectorBase_V1._get_connector_metadata, KVConnectorRole",
@@ -574,7 +575,7 @@ TOUCHES: tuple[Touch, ...] = (
     Touch("Request.request_id/prompt_token_ids/kv_transfer_params/cache_salt",
           "inferscale_memory/connector/tracking.py", _request),
     Touch("vllm.v1.engine.exceptions.EngineDeadError (by name)",
-          "inferscale_memory/server/errors.py", _engine_dead_error),
+          "inferscale_memory/driver/frontend.py", _engine_dead_error),
 )
 
 

@@ -106,6 +106,19 @@ def model_rotary_module(head_dim: int) -> torch.nn.Module:
     return next(iter(distinct.values()))
 
 
+def rotary_frequencies(rope: torch.nn.Module) -> tuple[torch.Tensor, int, bool]:
+    """A vLLM ``RotaryEmbedding``'s (the model's own) inverse frequencies (float32, on the
+    CPU), rotary dims and NeoX style."""
+    # The angles of position 1 in the module's own full-precision cos/sin table:
+    # every scaling rule is in it (scaled frequencies, scaled positions, adjusted
+    # bases), while ``_compute_inv_freq``'s argument and meaning vary by subclass
+    # (YaRN's takes the scaling factor, linear scaling divides the positions). YaRN's
+    # magnitude factor scales cos and sin alike and cancels out of atan2.
+    with torch.no_grad():
+        cos, sin = rope._compute_cos_sin_cache()[1].to(torch.float32).cpu().chunk(2)
+    return torch.atan2(sin, cos), int(rope.rotary_dim), bool(rope.is_neox_style)
+
+
 def cache_block_size(vllm_config: Any) -> int:
     return int(vllm_config.cache_config.block_size)
 

@@ -13,6 +13,7 @@ installed vLLM without starting an engine.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import os
@@ -21,8 +22,6 @@ import threading
 from collections.abc import AsyncIterator, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
-
-import torch
 
 from inferscale_memory.errors import InvalidInputError, UnsupportedVersionError
 
@@ -96,6 +95,53 @@ def scheduler_settings(vllm_config: Any) -> dict[str, Any]:
     }
 
 
+def max_model_len(llm: Any) -> int:
+    """The context length the started engine resolved (the model's own unless set)."""
+    return int(llm.vllm_config.model_config.max_model_len)
+
+
+def block_size(llm: Any) -> int:
+    """Tokens per KV block of the started engine (the prefix cache's granularity)."""
+    return int(llm.vllm_config.cache_config.block_size)
+
+
+def kv_cache_blocks(llm: Any) -> int:
+    """KV blocks vLLM allocated for the started engine."""
+    return int(llm.vllm_config.cache_config.num_gpu_blocks or 0)
+
+
+def engine_settings(llm: Any) -> dict[str, Any]:
+    """:func:`scheduler_settings` of the started engine."""
+    return scheduler_settings(llm.vllm_config)
+
+
+def is_errored(llm: Any) -> bool:
+    """Whether the engine's core process failed (``AsyncLLM.errored``)."""
+    return bool(getattr(llm, "errored", False))
+
+
+async def stop_output_handler(llm: Any) -> None:
+    """Cancel the ``AsyncLLM``'s task that reads the engine core's outputs
+    (``output_handler``) and wait for it. vLLM cancels it only after its engine process
+    is gone, and the handler logs that death as an error: a clean close stops it first."""
+    handler = getattr(llm, "output_handler", None)
+    if handler is not None and not handler.done():
+        handler.cancel()
+        await asyncio.gather(handler, return_exceptions=True)
+
+
+def shutdown(llm: Any, timeout: float) -> None:
+    """Shut the engine down; its processes get ``timeout`` seconds to exit before they
+    are killed (``AsyncLLM.shutdown(timeout=)``)."""
+    llm.shutdown(timeout=timeout)
+
+
+def is_engine_dead(exc: BaseException) -> bool:
+    """Whether ``exc`` is vLLM's ``EngineDeadError`` (its engine core died), matched by
+    name so that no vLLM module is imported to tell."""
+    return type(exc).__name__ == "EngineDeadError"
+
+
 def start_environment(kv_cache_gb: int, socket_folder: Path) -> dict[str, str]:
     """The variables one engine starts with.
 
@@ -143,6 +189,8 @@ def engine_environment(env: Mapping[str, str]) -> Iterator[None]:
 
 
 def _cuda_initialized() -> bool:
+    import torch
+
     return bool(torch.cuda.is_initialized())
 
 
@@ -163,8 +211,10 @@ def delta_sampling_params(*, structured_outputs: dict[str, Any] | None = None,
 
 
 def extract_tool_calls(parser: str, tools: list[dict[str, Any]], text: str,
-                       tokenizer: Any) -> Any:
-    """vLLM's tool parser ``parser`` run over a finished answer's ``text``; vLLM's
+                       tokenizer: Any) -> tuple[str | None, list[tuple[str, str]]]:
+    """vLLM's tool parser ``parser`` run over a finished answer's ``text``: the answer's
+    content (``None`` when empty) and its calls as (name, JSON arguments) pairs; ``text``
+    and no calls when the parser found none. Read from vLLM's
     ``ExtractedToolCallInformation`` (``tools_called``, ``tool_calls``, ``content``).
 
     The interface (``ToolParserManager``, ``extract_tool_calls(text, request)`` taking
@@ -174,7 +224,12 @@ def extract_tool_calls(parser: str, tools: list[dict[str, Any]], text: str,
     from vllm.tool_parsers import ToolParserManager
 
     request = ChatCompletionRequest(messages=[], tools=tools, tool_choice="auto")
-    return ToolParserManager.get_tool_parser(parser)(tokenizer).extract_tool_calls(text, request)
+    found = ToolParserManager.get_tool_parser(parser)(tokenizer).extract_tool_calls(text,
+                                                                                   request)
+    if not found.tools_called:
+        return text, []
+    return found.content or None, [(c.function.name, c.function.arguments)
+                                   for c in found.tool_calls]
 
 
 def request_validation_errors() -> tuple[type[Exception], ...]:

@@ -43,15 +43,11 @@ class RotaryShift:
 
     @classmethod
     def from_rotary_module(cls, rope: torch.nn.Module) -> RotaryShift:
-        """Build from a vLLM ``RotaryEmbedding`` instance (the model's own)."""
-        # The angles of position 1 in the module's own full-precision cos/sin table:
-        # every scaling rule is in it (scaled frequencies, scaled positions, adjusted
-        # bases), while ``_compute_inv_freq``'s argument and meaning vary by subclass
-        # (YaRN's takes the scaling factor, linear scaling divides the positions). YaRN's
-        # magnitude factor scales cos and sin alike and cancels out of atan2.
-        with torch.no_grad():
-            cos, sin = rope._compute_cos_sin_cache()[1].to(torch.float32).cpu().chunk(2)
-        return cls(torch.atan2(sin, cos), int(rope.rotary_dim), bool(rope.is_neox_style))
+        """Build from a vLLM ``RotaryEmbedding`` instance (the model's own), read by
+        :func:`inferscale_memory.driver.engine.rotary_frequencies`."""
+        from inferscale_memory.driver.engine import rotary_frequencies
+
+        return cls(*rotary_frequencies(rope))
 
     def shift(self, keys: torch.Tensor, deltas: torch.Tensor) -> torch.Tensor:
         """Rotate ``keys`` (``[..., n, heads, head_dim]``) by ``deltas`` (``[n]`` ints).

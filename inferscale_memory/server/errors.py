@@ -16,6 +16,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from inferscale_memory.driver.frontend import is_engine_dead
 from inferscale_memory.errors import (
     ContextLengthError,
     EngineError,
@@ -104,7 +105,7 @@ def from_exception(exc: BaseException) -> APIError:
     for kind, status, type_, code in LIBRARY_ERRORS:
         if isinstance(exc, kind):
             return APIError(status, str(exc) or kind.__name__, type=type_, code=code)
-    if type(exc).__name__ == "EngineDeadError":  # vLLM's engine core died
+    if is_engine_dead(exc):  # vLLM's engine core died
         return APIError(503, "the engine is not running", type="server_error",
                         code="engine_unavailable")
     return APIError(500, "internal server error", type="server_error", code="internal_error")

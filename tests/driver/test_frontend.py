@@ -135,3 +135,13 @@ def test_a_failed_start_removes_the_engines_socket_folder(
     with pytest.raises(EngineError, match="no_such_argument"):
         VllmRuntime(model, config)
     assert list(base.iterdir()) == []
+
+
+def test_vllms_engine_dead_error_is_told_by_name() -> None:
+    """The server answers 503 when vLLM's engine core died: it tells the error by name."""
+    from vllm.v1.engine.exceptions import EngineDeadError
+
+    from inferscale_memory.driver.frontend import is_engine_dead
+
+    assert is_engine_dead(EngineDeadError())
+    assert not is_engine_dead(RuntimeError("EngineDeadError"))
