@@ -19,13 +19,11 @@ import dataclasses
 import os
 import tempfile
 import threading
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-from inferscale_memory.errors import InvalidInputError, UnsupportedVersionError
-
-T = TypeVar("T")
+from inferscale_memory.errors import UnsupportedVersionError
 
 SUPPORTED_VLLM = ">=0.26,<0.33"
 
@@ -241,25 +239,6 @@ def request_validation_errors() -> tuple[type[Exception], ...]:
     except ImportError:
         return (ValueError,)
     return (ValueError, VLLMValidationError)
-
-
-async def refusing_bad_schemas(items: AsyncIterator[T]) -> AsyncIterator[T]:
-    """``items`` (a request's stream), with vLLM's refusal of a schema its guided decoding
-    cannot compile (:func:`request_validation_errors`) raised as
-    :class:`~inferscale_memory.errors.InvalidInputError`: the client's mistake, and vLLM
-    goes on serving. A refusal after the first item is vLLM's own error, raised as is."""
-    started = False
-    try:
-        async for item in items:
-            started = True
-            yield item
-    except request_validation_errors() as exc:
-        if started:
-            raise
-        raise InvalidInputError(f"the JSON schema (tools or response_format) cannot be used "
-                                f"for guided decoding: {exc}") from exc
-    finally:
-        await items.aclose()  # type: ignore[attr-defined]
 
 
 def compact_json_outputs_config() -> Any:
