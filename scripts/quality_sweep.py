@@ -3,8 +3,7 @@
 ``inferscale-memory bench locomo`` starts an engine per run; on a slow CPU the start
 (model load, compile) costs minutes, so this runs ``bench_locomo`` once per lever setting
 on one engine. A setting with ``recompute_tail`` or ``capture_context`` reuses the text
-path of the baseline (tail 0, context 0) with the same ``fact_order``, which runs first, or
-of the first setting that ran the same prompts (``prompt_key``).
+path of the baseline (tail 0, context 0) with the same ``fact_order``, which runs first.
 
     python scripts/quality_sweep.py --dataset locomo-dev.json --conversations 0 --limit 20 \\
         --k 5,10,20 --out runs/quality base=rank,0,0 tail2=rank,2,0 time=time,0,0 \\
@@ -37,12 +36,6 @@ def parse_setting(text: str) -> tuple[str, dict[str, object]]:
 def is_baseline(levers: dict[str, object]) -> bool:
     """No lever that changes only the KV path: its text path can serve the others."""
     return levers["recompute_tail"] == 0 and levers["capture_context"] == 0
-
-
-def prompt_key(levers: dict[str, object]) -> tuple[object, ...]:
-    """What decides a setting's prompts, hence whose text path it can reuse: the fact
-    order (the tail and the capture context change only the KV path)."""
-    return (levers["fact_order"],)
 
 
 def main() -> None:
@@ -82,10 +75,10 @@ def main() -> None:
 
     # Baselines first: the other settings reuse their text path.
     order = sorted(settings, key=lambda n: not is_baseline(settings[n]))
-    baselines: dict[tuple[object, ...], Path] = {}
+    baselines: dict[object, Path] = {}
     if args.text_from is not None:
-        baselines[prompt_key(json.loads((args.text_from / "config.json").read_text())[
-            "params"])] = args.text_from
+        baselines[json.loads((args.text_from / "config.json").read_text())["params"][
+            "fact_order"]] = args.text_from
     ks = [int(k) for k in args.k.split(",")]
     conversations = args.conversations.split(",") if args.conversations else None
     with tempfile.TemporaryDirectory() as tmp, MemoryEngine(
@@ -95,14 +88,14 @@ def main() -> None:
             levers = settings[name]
             engine.config = base_config.replace(**levers)
             base = is_baseline(levers)
-            text_from = None if base else baselines.get(prompt_key(levers))
+            text_from = None if base else baselines.get(levers["fact_order"])
             run = bench_locomo(engine, args.dataset, ks, limit=args.limit,
                                conversations=conversations, max_tokens=args.max_tokens,
                                out=args.out / name, resume=True, text_from=text_from,
                                progress=False, concurrency=args.concurrency,
                                sequential=args.sequential)
-            if text_from is None:  # it ran its own text path: the next ones reuse it
-                baselines.setdefault(prompt_key(levers), run.path)
+            if base:
+                baselines[levers["fact_order"]] = run.path
             print(table(args.out, [name]), flush=True)
     print(table(args.out, order))
 

@@ -205,11 +205,11 @@ class SchedulerSide:
                           block_ids: list[int], num_external: int) -> None:
         """Plan the load of the KV vLLM let the request claim: pin it for this step,
         promote what is on the host, and mark it recently used."""
-        assert tracked.report is not None
+        assert tracked.report is not None and tracked.params is not None
         if tracked.cached and num_external == 0:  # served by vLLM's prefix cache
             tracked.report.missing, tracked.report.injected_tokens = [], 0
             touch = self.facts.touch
-            for span in tracked.params.inject if tracked.params else ():
+            for span in tracked.params.inject:
                 touch(span.key)
             return
         # As matched just before in the same scheduling pass: vLLM allocated its claim.
