@@ -18,6 +18,7 @@ writes them) and each k, three tables of KV - text F1 points (paired, 95% interv
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 from collections import defaultdict
 from collections.abc import Iterable
@@ -48,7 +49,7 @@ def cell(group: list[Pair]) -> str:
     if not group:
         return "-"
     diff, ci = paired_difference([kv["f1"] for kv, _ in group], [t["f1"] for _, t in group])
-    width = "" if ci != ci else f" ({100 * ci:.1f})"  # NaN for one question
+    width = "" if math.isnan(ci) else f" ({100 * ci:.1f})"  # NaN for one question
     return f"{100 * diff:+.1f}{width} n={len(group)}"
 
 
@@ -78,10 +79,10 @@ def first_divergence(a: list[int], b: list[int]) -> int | None:
 
 
 def analyse(run: Path, evidence: dict[tuple[str, int], set[str]]) -> list[str]:
-    params = RunFolder(run).config()["params"]
-    tail = params.get("recompute_tail", 0)
+    folder = RunFolder(run)
+    tail = folder.config()["params"].get("recompute_tail", 0)
     lines = []
-    for k, group in sorted(pairs(RunFolder(run).rows()).items()):
+    for k, group in sorted(pairs(folder.rows()).items()):
         first, second = halves(group)
         where: dict[str, list[Pair]] = defaultdict(list)
         for pair in group:
