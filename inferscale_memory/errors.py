@@ -64,6 +64,14 @@ class EngineError(InferScaleError, RuntimeError):
     """The vLLM engine failed to start or to answer."""
 
 
+class RequestFailedError(EngineError):
+    """vLLM ended this request as an error (its ``finish_reason`` "error") while the engine
+    goes on serving: its engine core failed this one request, not because of the caller's
+    input (a guided request's schema is a :class:`SchemaError` instead). vLLM's own log
+    says why; sending the request again may succeed. Over HTTP: 500 ``engine_request_failed``.
+    """
+
+
 class EngineClosedError(EngineError):
     """The engine was closed: start a new :class:`~inferscale_memory.MemoryEngine`."""
 

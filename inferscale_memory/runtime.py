@@ -29,7 +29,12 @@ from inferscale_memory.config import MemoryConfig
 from inferscale_memory.connector.params import RequestParams, cache_salt
 from inferscale_memory.connector.report import ConnectorReport
 from inferscale_memory.driver import frontend
-from inferscale_memory.errors import EngineClosedError, EngineError, SchemaError
+from inferscale_memory.errors import (
+    EngineClosedError,
+    EngineError,
+    RequestFailedError,
+    SchemaError,
+)
 from inferscale_memory.vllm_log import VllmLog
 
 logger = logging.getLogger(__name__)
@@ -233,6 +238,10 @@ class VllmRuntime:
         ``frequency_penalty`` (checked by :func:`~inferscale_memory.options.check_options`).
         ``structured_outputs``: keyword arguments of vLLM's ``StructuredOutputsParams``
         (guided decoding; the same fields in vLLM 0.26 and 0.32).
+
+        Raises:
+            RequestFailedError: vLLM ended the request as an error (``finish_reason``
+                "error"), after the text it had streamed.
         """
         extra = {"kv_transfer_params": params.to_dict()} if params is not None else None
         sampling = frontend.delta_sampling_params(
@@ -259,8 +268,18 @@ class VllmRuntime:
                 done.num_cached_tokens = out.num_cached_tokens or 0
                 done.report = ConnectorReport.from_output(out.kv_transfer_params)
                 done.finish_reason = piece.finish_reason
-            if piece.text or out.finished:
-                yield Delta(piece.text, done if out.finished else None)
+            ended = out.finished and done.finish_reason != "error"
+            if piece.text or ended:
+                yield Delta(piece.text, done if ended else None)
+        # Raised once vLLM's generator has ended (its last output is the finished one):
+        # raising inside the loop would leave it to be closed later, aborting a request
+        # that is already over.
+        if done.finish_reason == "error":
+            raise RequestFailedError(
+                f"the engine failed request {request_id}: vLLM ended it with finish_reason "
+                "\"error\" (its engine core could not prepare or run it; vLLM's log says "
+                "why); the engine goes on serving other requests: send it again, and report "
+                "it if it recurs")
 
     async def complete(self, token_ids: list[int], **kwargs: Any) -> Completion:
         """Generate from ``token_ids`` and return the whole :class:`Completion`."""
@@ -357,6 +376,9 @@ async def refusing_bad_schemas(deltas: AsyncIterator[Delta], param: str
     - when the grammar admits no token the sampler could pick (``{"$ref": "#"}`` compiles
       to a grammar that admits nothing): vLLM 0.32 ends the request with ``finish_reason``
       "error" (its engine log says "grammar rejected tokens"), empty text.
+
+    The last two reach here as :class:`~inferscale_memory.errors.RequestFailedError` (the
+    runtime's rule for any request vLLM ends as an error).
     """
     try:
         try:
@@ -365,15 +387,15 @@ async def refusing_bad_schemas(deltas: AsyncIterator[Delta], param: str
             raise SchemaError(f"{param}: this JSON schema cannot be used for guided decoding: "
                               f"{exc}", param) from exc
         while True:
-            if delta.completion is not None and delta.completion.finish_reason == "error":
-                raise SchemaError(f"{param}: guided decoding failed on this JSON schema: the "
-                                  "engine could not compile its grammar, or the grammar "
-                                  "admits no answer (e.g. a $ref that refers only to "
-                                  "itself); simplify it", param)
             yield delta
             delta = await anext(deltas)
     except StopAsyncIteration:
         return
+    except RequestFailedError as exc:
+        raise SchemaError(f"{param}: guided decoding failed on this JSON schema: the engine "
+                          "could not compile its grammar, or the grammar admits no answer "
+                          "(e.g. a $ref that refers only to itself); simplify it",
+                          param) from exc
     finally:
         await deltas.aclose()  # type: ignore[attr-defined]
 

@@ -178,6 +178,26 @@ def test_a_named_tool_whose_grammar_fails_names_its_parameters(tool_engine: Memo
     assert raised.value.param == "tools.1.function.parameters"
 
 
+async def test_a_request_vllm_ends_as_an_error_raises_request_failed(
+        tool_engine: MemoryEngine, user: str) -> None:
+    """Every request the runtime sends (each face of chat, captures, evictions) that vLLM
+    ends with ``finish_reason`` "error" raises RequestFailedError; it returned a completion
+    with that finish reason and whatever text came before (issue 30). vLLM 0.32 ends a
+    plain request so when its engine core fails it (an exception while preparing it, a KV
+    load under ``kv_load_failure_policy`` "fail": ours is "recompute"); neither can be
+    provoked on a shared engine, so the test sends the one error end a real engine gives on
+    demand, a grammar that admits nothing, below chat's schema rule (which turns it into a
+    SchemaError: the tests above)."""
+    from inferscale_memory.errors import RequestFailedError
+
+    runtime = tool_engine.runtime
+    token_ids = tool_engine.builder.build(QUESTION, []).token_ids
+    with pytest.raises(RequestFailedError, match="finish_reason"):
+        await runtime.call(runtime.complete(token_ids, max_tokens=8,
+                                            structured_outputs={"json": {"$ref": "#"}}))
+    assert tool_engine.chat(QUESTION, user_id=user, max_tokens=2).metrics.output_tokens > 0
+
+
 async def test_a_plain_chat_is_answered_while_a_guided_request_compiles(
         tool_engine: MemoryEngine) -> None:
     """One guided request does not hold up another user's plain chat (issue 30, item 2):

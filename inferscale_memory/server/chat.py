@@ -68,8 +68,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
                          principal(request).salt_user)
     if body.stream:
         return await call.stream(body)
-    result = shown(call.checked(
-        await _unless_gone(request, ctx.engine.achat(call.messages, **call.kwargs))))
+    result = shown(await _unless_gone(request, ctx.engine.achat(call.messages, **call.kwargs)))
     call.observe(result)
     return ChatCompletion(
         id=call.id, created=call.created, model=ctx.model_name,
@@ -158,15 +157,6 @@ class _Call:
         check_request(body, SchemaLimits(**ctx.engine.config.schema_limits))
         return cls(ctx, body, user, salt_user)
 
-    def checked(self, result: ChatResult) -> ChatResult:
-        """``result``, unless vLLM ended it as an error (``finish_reason`` "error": no
-        OpenAI value): the engine's 500. (A schema vLLM could not compile is the engine's
-        :class:`~inferscale_memory.errors.SchemaError`, answered 400 by the handlers.)"""
-        if result.finish_reason != "error":
-            return result
-        logger.error("vLLM ended chat %s with an error", self.id)
-        raise APIError(500, "the engine failed the request", type="server_error")
-
     def observe(self, result: ChatResult) -> None:
         self.ctx.metrics.observe_chat(result.metrics, self.mode)
 
@@ -194,8 +184,6 @@ class _Call:
         pieces = ashown_stream(self.ctx.engine.astream_chat(self.messages, **self.kwargs))
         try:
             first = await pieces.__anext__()  # request errors surface here, as a status
-            if first.result is not None:
-                self.checked(first.result)
         except StopAsyncIteration as exc:
             raise APIError(500, "the engine returned no answer", type="server_error") from exc
         except APIError:

@@ -23,6 +23,7 @@ from inferscale_memory.errors import (
     FactNotFoundError,
     InferScaleError,
     InvalidInputError,
+    RequestFailedError,
     SchemaError,
     StoreError,
     UnknownUserError,
@@ -38,6 +39,9 @@ LIBRARY_ERRORS: list[tuple[type[Exception], int, str, str | None]] = [
     (UnknownUserError, 404, "not_found_error", "user_not_found"),
     (FactNotFoundError, 404, "not_found_error", "memory_not_found"),
     (StoreError, 503, "server_error", "store_unavailable"),
+    # vLLM failed this one request and goes on serving: the server's fault, not the
+    # client's, and no outage (docs/reliability.md, "Status by cause").
+    (RequestFailedError, 500, "server_error", "engine_request_failed"),
     (EngineError, 503, "server_error", "engine_unavailable"),
     (InferScaleError, 500, "server_error", None),
 ]
