@@ -38,9 +38,12 @@ CaptureContext = Annotated[int, Field(ge=0, le=MAX_CAPTURE_CONTEXT)]
 # -- generation: what vLLM's engine core can decode (a wrong type there stops its thread) --
 
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # what vLLM's seeded generators accept
-# KV-cache dtypes vLLM quantizes into (with per-layer scales): a fact's keys are rotated to
-# their answer position in the cache's own dtype, which quantized bytes are not.
-QUANTIZED_KV_CACHES = ("fp8", "int8")
+# KV-cache dtypes whose facts can be captured and injected: the model's dtype, and fp8
+# with per-layer (or per-head) scales, whose moved keys are dequantized, rotated and
+# quantized again (inferscale_memory/kv/quant.py). vLLM's other cache dtypes (int8/int4/fp8
+# per token and head, nvfp4, turboquant, fp8_inc, MLA's) keep scales per token or pack
+# elements, and are refused.
+KV_CACHE_DTYPES = ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2")
 MAX_STOPS = 16
 MAX_STOP_CHARS = 256
 
@@ -78,14 +81,15 @@ Stop = StopString | Annotated[list[StopString], Field(max_length=MAX_STOPS, stri
 
 def kv_cache_dtype_problem(cache_dtype: Any) -> str | None:
     """Why facts' KV cannot live in a vLLM cache of ``cache_dtype`` (its
-    ``kv_cache_dtype``), or ``None`` when it can (``"auto"``: the model's dtype)."""
+    ``kv_cache_dtype``), or ``None`` when it can (``"auto"``: the model's dtype; fp8)."""
     name = str(cache_dtype or "auto")
-    if not name.startswith(QUANTIZED_KV_CACHES):
+    if name in KV_CACHE_DTYPES:
         return None
-    return (f"kv_cache_dtype={name!r} is not supported: an injected fact's keys are rotated "
-            "to their position in the answer (RoPE), and in a quantized cache that needs "
-            "them dequantized with the cache's scales, rotated and quantized again, which "
-            "inferscale-memory does not do yet; use kv_cache_dtype='auto' (the model's dtype)")
+    return (f"kv_cache_dtype={name!r} is not supported: inferscale-memory injects facts "
+            f"into caches of {', '.join(map(repr, KV_CACHE_DTYPES))}; a cache with "
+            "per-token scales or packed elements would need its own re-quantization of "
+            "moved keys; use kv_cache_dtype='fp8' (half the bytes of the model's dtype) or "
+            "'auto' (the model's dtype)")
 
 
 def describe(exc: ValidationError, name: str | None = None) -> str:

@@ -100,20 +100,22 @@ def test_quality_levers_from_env_and_their_defaults(monkeypatch: pytest.MonkeyPa
         MemoryConfig.load(capture_context_from="recent")
 
 
-@pytest.mark.parametrize("cache_dtype", ["fp8", "fp8_e4m3", "fp8_e5m2", "int8"])
-def test_a_quantized_kv_cache_is_refused_before_vllm_starts(cache_dtype: str,
-                                                            tmp_path: Path) -> None:
-    # Injected keys are rotated in the cache's dtype; quantized bytes would be garbage.
+@pytest.mark.parametrize("cache_dtype", ["int8_per_token_head", "fp8_per_token_head",
+                                         "fp8_inc", "nvfp4", "int8"])
+def test_a_kv_cache_the_library_cannot_serve_is_refused_before_vllm_starts(
+        cache_dtype: str, tmp_path: Path) -> None:
+    # Per-token scales or packed elements: a moved key cannot be re-quantized in place.
     with pytest.raises(ConfigError, match=f"kv_cache_dtype='{cache_dtype}' is not supported"):
         MemoryConfig.load(engine_args={"kv_cache_dtype": cache_dtype})
-    with pytest.raises(ConfigError, match="kv_cache_dtype='auto'"):  # what to use instead
+    with pytest.raises(ConfigError, match="kv_cache_dtype='fp8'"):  # what to use instead
         MemoryEngine(store_path=str(tmp_path / "m.sqlite"),
                      engine_args={"kv_cache_dtype": cache_dtype})
     assert not (tmp_path / "m.sqlite").exists()  # refused before anything was opened
 
 
-@pytest.mark.parametrize("cache_dtype", ["auto", "bfloat16", "float16", None])
-def test_an_unquantized_kv_cache_dtype_is_accepted(cache_dtype: str | None) -> None:
+@pytest.mark.parametrize("cache_dtype", ["auto", "bfloat16", "float16", None, "fp8",
+                                         "fp8_e4m3", "fp8_e5m2"])
+def test_the_models_dtype_and_fp8_kv_caches_are_accepted(cache_dtype: str | None) -> None:
     config = MemoryConfig.load(engine_args={"kv_cache_dtype": cache_dtype})
     assert config.engine_args["kv_cache_dtype"] == cache_dtype
 

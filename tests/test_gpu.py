@@ -20,11 +20,12 @@ def _gpus() -> int:
     return sum(line.startswith("GPU ") for line in listing.stdout.splitlines())
 
 
+@pytest.mark.parametrize("cache_dtype", ["auto", "fp8"])
 @pytest.mark.parametrize("tp", [1, 2])
-def test_fact_injected_where_captured_matches_vllms_prefix_cache(tmp_path: Path,
-                                                                   tp: int) -> None:
-    """With tensor parallelism each rank captures and injects its own KV heads."""
-    from exactness import block_workload, inject_vs_prefix_cache
+def test_fact_injected_where_captured_matches_vllms_prefix_cache(tmp_path: Path, tp: int,
+                                                                   cache_dtype: str) -> None:
+    """With tensor parallelism each rank captures and injects its own KV heads; in an fp8
+    cache (FlashAttention 3's e4m3 bytes) a fact is copied byte for byte."""
 
     from inferscale_memory.bench.synthetic import dummy_runtime, write_random_model
 
@@ -33,22 +34,55 @@ def test_fact_injected_where_captured_matches_vllms_prefix_cache(tmp_path: Path,
     # Random weights of usable scale: vLLM's dummy weights give uniform logits, with which
     # any KV would "match" (see write_random_model).
     runtime = dummy_runtime(write_random_model(tmp_path / "model", "llama-tiny"),
-                            engine_args={"load_format": "safetensors"},
+                            engine_args={"load_format": "safetensors",
+                                         "kv_cache_dtype": cache_dtype},
                             gpu_memory_utilization=0.3, max_model_len=2048,
                             tensor_parallel_size=tp)
     try:
-        block = runtime.block_size
-        fresh, warm, kv, moved = runtime.run(
-            asyncio.wait_for(inject_vs_prefix_cache(block_workload(runtime), max_tokens=32), 300))
-        assert warm.num_cached_tokens == 2 * block
-        assert kv.report.injected_tokens == 2 * block
-        assert len(set(warm.logprobs[0].values())) > 1  # the logits say something
-        assert kv.token_ids == warm.token_ids
-        assert kv.logprobs == warm.logprobs
-        # header from the user's prefix cache, facts 1 and 0 (rotated to a new place) loaded
-        assert moved.num_cached_tokens == 3 * block
-        assert moved.report.injected_tokens == 2 * block
-        print("fresh prefill equals warm prefix:", fresh.logprobs == warm.logprobs)
+        check_exactness(runtime)
+    finally:
+        runtime.close()
+
+
+def check_exactness(runtime: object, max_tokens: int = 32) -> None:
+    """``tests/exactness.py``'s scenario: the injected fact answers as the prefix cache."""
+    from exactness import block_workload, inject_vs_prefix_cache
+
+    block = runtime.block_size
+    fresh, warm, kv, moved = runtime.run(asyncio.wait_for(
+        inject_vs_prefix_cache(block_workload(runtime), max_tokens=max_tokens), 300))
+    assert warm.num_cached_tokens == 2 * block
+    assert kv.report.injected_tokens == 2 * block
+    assert kv.report.missing == ()
+    assert len(set(warm.logprobs[0].values())) > 1  # the logits say something
+    assert kv.token_ids == warm.token_ids
+    assert kv.logprobs == warm.logprobs
+    # header from the user's prefix cache, facts 1 and 0 (rotated to a new place) loaded
+    assert moved.num_cached_tokens == 3 * block
+    assert moved.report.injected_tokens == 2 * block
+    assert moved.report.missing == ()
+    print("fresh prefill equals warm prefix:", fresh.logprobs == warm.logprobs)
+
+
+# A real model's folder (the staged Qwen2.5-Coder of ../shared/gpu/README.md).
+REAL_MODEL_ENV = "INFERSCALE_GPU_MODEL"
+
+
+@pytest.mark.parametrize("cache_dtype", ["auto", "fp8"])
+def test_a_real_models_injected_fact_answers_as_its_prefix_cache(cache_dtype: str) -> None:
+    """The same scenario on a real model's weights (token ids, greedy, 32 tokens)."""
+    import os
+
+    from inferscale_memory.bench.synthetic import dummy_runtime
+
+    folder = os.environ.get(REAL_MODEL_ENV)
+    if not folder:
+        pytest.skip(f"set {REAL_MODEL_ENV} to a model folder")
+    runtime = dummy_runtime(Path(folder), engine_args={"load_format": "auto",
+                                                       "kv_cache_dtype": cache_dtype},
+                            gpu_memory_utilization=0.3, max_model_len=2048)
+    try:
+        check_exactness(runtime)
     finally:
         runtime.close()
 
@@ -150,6 +184,68 @@ def test_fused_kernel_matches_the_portable_path_on_cuda() -> None:
                           text=True, cwd=Path(__file__).resolve().parents[1], timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     print(done.stdout)
+
+
+FUSED_FP8_CHECK = """
+import sys, torch
+from types import SimpleNamespace
+sys.path.insert(0, "tests/kv")
+from test_fp8 import A, B, DIM, HEADS, LAYERS, random_bytes, scales_of, shift
+from inferscale_memory.connector.plan import LoadOp, StepPlan
+from inferscale_memory.connector.worker import WorkerSide, _Layer
+from inferscale_memory.kv import fused
+from inferscale_memory.kv.cache_map import CacheMap
+from inferscale_memory.kv.pool import PoolEntry
+from inferscale_memory.kv.quant import Fp8Cache
+from inferscale_memory.kv.slab import KVSlab
+
+dev, BS, NB = torch.device("cuda"), 16, 16
+# FlashAttention's layout, [2, blocks, block_size, heads, head_dim] bytes
+offsets = torch.arange(2 * NB * BS * HEADS * DIM).view(2, NB, BS, HEADS, DIM)[:, 0]
+cache_map = CacheMap(BS, BS * HEADS * DIM, offsets.to(dev))
+
+def side(fmt, scales, use_fused):
+    s = WorkerSide(SimpleNamespace(cache_config=SimpleNamespace(block_size=BS)))
+    k, v = scales_of(scales)
+    rows = torch.stack([torch.stack((k * (i + 1), v * (i + 1))) for i in range(LAYERS)])
+    caches = [torch.zeros(2, NB, BS, HEADS, DIM, dtype=torch.uint8, device=dev)
+              for _ in range(LAYERS)]
+    s._layers = [_Layer(f"l{i}", c.view(-1), cache_map, None, None) for i, c in enumerate(caches)]
+    s._fp8 = Fp8Cache(fmt, rows.to(dev))
+    s._slab = KVSlab(LAYERS, HEADS, DIM, torch.uint8, dev, capacity=64)
+    s._shift = shift().on(dev)
+    for n, (key, start) in enumerate(((A, 0), (B, 7))):
+        got = s._slab.allocate_rows(40)
+        s._slab.data[torch.from_numpy(got).to(dev)] = random_bytes(
+            (40, LAYERS, 2, HEADS, DIM), fmt, 20 + n).to(dev)
+        s.pool.put(key, PoolEntry(got, start, 0))
+    if use_fused:
+        assert fused.available(dev, torch.uint8, torch.uint8, [cache_map])
+        s._fused = fused.FusedInjector([c.view(-1) for c in caches], cache_map, HEADS, DIM,
+                                       DIM, True, s._fp8)
+    return s, caches
+
+plan = StepPlan(loads=[LoadOp("r", list(range(NB)), [(A, 0, 40, 0), (B, 0, 40, 150)])])
+for fmt in (torch.float8_e4m3fn, torch.float8_e5m2):
+    for scales in ("one", "odd", "per_head"):
+        (p, pc), (f, fc) = side(fmt, scales, False), side(fmt, scales, True)
+        p.start_load(plan)
+        f.start_load(plan)
+        torch.cuda.synchronize()
+        for want, got in zip(pc, fc):
+            assert torch.equal(got, want), (fmt, scales)
+print("FUSED FP8 OK")
+"""
+
+
+def test_fused_fp8_kernel_matches_the_portable_path_on_cuda() -> None:
+    """fp8 on CUDA: the kernel's dequantize-rotate-requantize writes the same bytes as
+    torch's (the rounding is done in float32 arithmetic, so the hardware conversion after
+    it is exact)."""
+    done = subprocess.run([sys.executable, "-c", FUSED_FP8_CHECK], capture_output=True,
+                          text=True, cwd=Path(__file__).resolve().parents[1], timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "FUSED FP8 OK" in done.stdout
 
 
 STAGE_CHECK = """

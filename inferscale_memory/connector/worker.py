@@ -22,10 +22,11 @@ from inferscale_memory.connector.params import FactKey
 from inferscale_memory.connector.plan import DEMOTE, PROMOTE, LoadOp, StepPlan, blocks_of
 from inferscale_memory.driver import engine as driver
 from inferscale_memory.kv import fused
-from inferscale_memory.kv.cache_map import CacheMap, flat_view, probe_cache_map
+from inferscale_memory.kv.cache_map import CacheMap, Fp8Probe, flat_view, probe_cache_map
 from inferscale_memory.kv.fused import FusedInjector
 from inferscale_memory.kv.pool import KVPool, PoolEntry
-from inferscale_memory.kv.rope import RotaryShift
+from inferscale_memory.kv.quant import Fp8Cache, fp8_format, layer_scales
+from inferscale_memory.kv.rope import RotaryShift, Rotation
 from inferscale_memory.kv.slab import KVSlab, SlabFullError
 from inferscale_memory.kv.staging import HostStage
 
@@ -38,9 +39,10 @@ TIMING_ENV = "INFERSCALE_CONNECTOR_TIMING"
 @dataclass
 class _Layer:
     name: str
-    flat: torch.Tensor  # 1-D view of this layer's cache
+    flat: torch.Tensor  # 1-D view of this layer's cache (bytes for an fp8 cache)
     cache_map: CacheMap
     write: Any  # driver.engine.cache_writer
+    module: Any = None  # the attention layer (its fp8 scales)
 
 
 @dataclass
@@ -68,6 +70,8 @@ class WorkerSide:
         self._host: KVSlab | None = None
         self._capture: _Capture | None = None  # this step's captures, layer by layer
         self._fused: FusedInjector | None = None
+        self._fp8: Fp8Cache | None = None  # the cache holds float8 bytes
+        self._fp8_scales: list[tuple[float, float]] = []  # as read at register, by layer
         self._load_errors: set[int] = set()
         # Load-time log for benchmarks (synchronises the device after each load step).
         self._timing = os.environ.get(TIMING_ENV) or None
@@ -77,16 +81,31 @@ class WorkerSide:
         names = sorted(kv_caches, key=driver.layer_index)
         modules = driver.attention_layers(self._config, names)
         heads, head_dim = driver.kv_heads_and_dim(self._config)
+        float8 = fp8_format(driver.kv_cache_dtype(self._config))
+        scales = [layer_scales(*driver.kv_scales(modules[name]), heads) for name in names
+                  ] if float8 is not None else []
         probed: dict[tuple[Any, ...], CacheMap] = {}
-        for name in names:
+        for i, name in enumerate(names):
             cache = kv_caches[name]
             write = driver.cache_writer(modules[name], cache)
-            signature = (tuple(cache.shape), cache.stride(), cache.dtype)
+            # Layers share a probe when their caches and (fp8) scales look alike.
+            signature = (tuple(cache.shape), cache.stride(), cache.dtype,
+                         tuple(scales[i].flatten().tolist()) if scales else None)
             if signature not in probed:
-                probed[signature] = probe_cache_map(cache, write, self._block_size, heads, head_dim)
-            self._layers.append(_Layer(name, flat_view(cache), probed[signature], write))
+                probe = None if float8 is None else Fp8Probe(
+                    float8, driver.model_dtype(self._config), scales[i][0], scales[i][1],
+                    Fp8Cache(float8, scales[i]).exact_ints)
+                probed[signature] = probe_cache_map(cache, write, self._block_size, heads,
+                                                    head_dim, probe)
+            flat = flat_view(cache)
+            if float8 is not None:
+                flat = flat.view(torch.uint8)  # vLLM's fp8 caches: bytes, as uint8 or float8
+            self._layers.append(_Layer(name, flat, probed[signature], write, modules[name]))
         self._index = {layer.name: i for i, layer in enumerate(self._layers)}
-        first = kv_caches[names[0]]
+        first = self._layers[0].flat
+        if float8 is not None:
+            self._fp8 = Fp8Cache(float8, torch.stack(scales).to(first.device))
+            self._fp8_scales = self._scale_floats()
         budget = driver.pool_budget_tokens(self._config)
         self._slab = KVSlab(len(names), heads, head_dim, first.dtype, first.device,
                             capacity=min(4096, budget or 4096), max_capacity=budget)
@@ -101,10 +120,14 @@ class WorkerSide:
         if fused.available(first.device, first.dtype, self._slab.data.dtype, cache_maps):
             self._fused = FusedInjector([layer.flat for layer in self._layers], cache_maps[0],
                                         heads, head_dim, self._shift.rotary_dim,
-                                        self._shift.is_neox_style)
-        logger.info("inferscale connector: %d layers, cache maps probed: %d, loads: %s",
-                    len(self._layers), len(probed),
+                                        self._shift.is_neox_style, self._fp8)
+        logger.info("inferscale connector: %d layers, cache maps probed: %d, cache: %s, "
+                    "loads: %s", len(self._layers), len(probed),
+                    driver.kv_cache_dtype(self._config),
                     "fused Triton kernel" if self._fused else "per-layer cache writes")
+
+    def _scale_floats(self) -> list[tuple[float, float]]:
+        return [driver.kv_scale_floats(layer.module) for layer in self._layers]
 
     # -- loading (before the forward pass) ---------------------------------------------
 
@@ -112,6 +135,8 @@ class WorkerSide:
         """Apply the step's pool moves, write every load into the paged cache, then apply
         evictions."""
         started = time.perf_counter() if self._timing is not None else 0.0
+        if self._fp8 is not None and (plan.loads or plan.captures):
+            self._check_fp8_scales()
         # Deleted facts and the old KV of recaptured ones give their rows back first if
         # no load of this step reads them: the scheduler side already counts them free,
         # possibly for this step's moves.
@@ -137,12 +162,51 @@ class WorkerSide:
             else:
                 for i, layer in enumerate(self._layers):  # a layer at a time: bounded memory
                     keys, values = self._slab.gather_layer(rows, i)  # [n, heads, head_dim]
-                    layer.write(self._shift.apply_(keys, rotation), values, slots)
+                    if self._fp8 is None:
+                        layer.write(self._shift.apply_(keys, rotation), values, slots)
+                    else:
+                        self._write_fp8(layer, i, keys, values, slots, rotation)
             if self._timing is not None:
                 self._log_load(started, plan, batch.shape[1])
         for key in plan.evicts:
             if key in loaded:
                 self._drop(key)
+
+    def _write_fp8(self, layer: _Layer, index: int, keys: torch.Tensor, values: torch.Tensor,
+                   slots: torch.Tensor, rotation: Rotation | None) -> None:
+        """Store a layer's fact bytes into its fp8 cache: moved keys dequantized, rotated
+        and quantized again with the layer's K scale; everything else bit for bit. The
+        bytes go straight to the offsets the probe learned (the backend's writer would
+        quantize them a second time)."""
+        assert self._fp8 is not None and self._shift is not None
+        if rotation is not None:
+            scale = self._fp8.scales[index, 0]
+            rotated = self._shift.apply_(self._fp8.dequantize(keys, scale), rotation)
+            keys = torch.where(rotation.moved[:, None, None],
+                               self._fp8.quantize(rotated, scale, keys), keys)
+        where = layer.cache_map.indices(slots)
+        layer.flat[where[0]] = keys
+        layer.flat[where[1]] = values
+
+    def _check_fp8_scales(self) -> None:
+        """Forget every fact if a layer's fp8 scales changed since the caches were
+        registered (a weight reload): their bytes were quantized with the old scales.
+        Their loads then fail and vLLM computes them again."""
+        assert self._fp8 is not None
+        now = self._scale_floats()
+        if now == self._fp8_scales:
+            return
+        logger.warning("the fp8 KV cache's scales changed; forgetting %d facts (they are "
+                       "computed again)", len(self.pool) + len(self.host_pool))
+        for key in [*self.pool.keys(), *self.host_pool.keys()]:
+            self._drop(key)
+        heads = self._fp8.scales.shape[-1]
+        self._fp8 = Fp8Cache(self._fp8.dtype, torch.stack(
+            [layer_scales(*driver.kv_scales(layer.module), heads) for layer in self._layers]
+        ).to(self._fp8.scales.device))
+        self._fp8_scales = now
+        if self._fused is not None:
+            self._fused.fp8 = self._fp8
 
     def _log_load(self, started: float, plan: StepPlan, tokens: int) -> None:
         """One line of the load-time log (the device is synchronised first)."""

@@ -119,6 +119,27 @@ def rotary_frequencies(rope: torch.nn.Module) -> tuple[torch.Tensor, int, bool]:
     return torch.atan2(sin, cos), int(rope.rotary_dim), bool(rope.is_neox_style)
 
 
+def kv_cache_dtype(vllm_config: Any) -> str:
+    """The cache's ``kv_cache_dtype`` name (``"auto"``: the model's dtype)."""
+    return str(vllm_config.cache_config.cache_dtype or "auto")
+
+
+def model_dtype(vllm_config: Any) -> torch.dtype:
+    """The dtype the model computes in (what a cache writer takes)."""
+    return vllm_config.model_config.dtype
+
+
+def kv_scales(layer: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """An attention layer's K and V quantization scales (float32 tensors, a scalar or one
+    per KV head), fixed by vLLM when it loads the weights."""
+    return layer._k_scale, layer._v_scale
+
+
+def kv_scale_floats(layer: Any) -> tuple[float, float]:
+    """The host copies of :func:`kv_scales` (read without a device synchronisation)."""
+    return float(layer._k_scale_float), float(layer._v_scale_float)
+
+
 def cache_block_size(vllm_config: Any) -> int:
     return int(vllm_config.cache_config.block_size)
 
@@ -133,8 +154,7 @@ def pool_budget_tokens(vllm_config: Any, key: str = "pool_bytes") -> int | None:
     heads, head_dim = kv_heads_and_dim(vllm_config)
     model_config = vllm_config.model_config
     layers = model_config.get_num_layers(vllm_config.parallel_config)
-    cache_dtype = vllm_config.cache_config.cache_dtype
-    if isinstance(cache_dtype, str) and cache_dtype.startswith("fp8"):
+    if kv_cache_dtype(vllm_config).startswith("fp8"):
         itemsize = 1
     else:
         itemsize = torch.empty((), dtype=model_config.dtype).element_size()

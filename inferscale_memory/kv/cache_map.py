@@ -21,6 +21,26 @@ EXACT_INTS = 256  # integers 1..256 are exact in fp16, bf16 and fp32
 
 
 @dataclass(frozen=True)
+class Fp8Probe:
+    """How to probe an fp8 cache: the writer takes the model's dtype and stores
+    ``x / scale`` as float8, so the probe writes ``digit * scale`` and reads the digits
+    back from the bytes. Digits stay within the integers the format holds exactly.
+
+    Attributes:
+        dtype: The float8 format of the cache's bytes.
+        input_dtype: The dtype the writer takes (the model's).
+        k_scale, v_scale: ``[heads]`` scales of the layer whose writer is probed.
+        base: Digits per pass (1..base are exact in ``dtype``).
+    """
+
+    dtype: torch.dtype
+    input_dtype: torch.dtype
+    k_scale: torch.Tensor
+    v_scale: torch.Tensor
+    base: int
+
+
+@dataclass(frozen=True)
 class CacheMap:
     """Where the K and V of any slot live in the flat storage of one layer's cache.
 
@@ -51,14 +71,18 @@ def flat_view(kv_cache: torch.Tensor) -> torch.Tensor:
 
 
 def probe_cache_map(kv_cache: torch.Tensor, write: CacheWriter, block_size: int,
-                    num_heads: int, head_dim: int) -> CacheMap:
-    """Find the cache map by writing element codes into blocks 1 and 2 of an unused cache.
+                    num_heads: int, head_dim: int, fp8: Fp8Probe | None = None) -> CacheMap:
+    """Find the cache map by writing element codes into blocks 1 and 2 of an unused cache
+    (``fp8``: the cache holds float8 bytes; offsets then count bytes).
 
     Must run before the engine serves requests: it overwrites and then zeroes the cache.
     """
     flat = flat_view(kv_cache)
-    offsets_1 = _probe_block(flat, kv_cache, write, 1, block_size, num_heads, head_dim)
-    offsets_2 = _probe_block(flat, kv_cache, write, 2, block_size, num_heads, head_dim)
+    if flat.element_size() == 1 and flat.dtype != torch.uint8:
+        flat = flat.view(torch.uint8)  # float8 storage: zeroed and read as bytes
+    args = (flat, kv_cache.device, write, block_size, num_heads, head_dim, fp8)
+    offsets_1 = _probe_block(*args, block=1)
+    offsets_2 = _probe_block(*args, block=2)
     strides = (offsets_2 - offsets_1).unique()
     if strides.numel() != 1:
         raise ValueError("KV cache blocks are not evenly strided; not supported")
@@ -67,27 +91,48 @@ def probe_cache_map(kv_cache: torch.Tensor, write: CacheWriter, block_size: int,
     return CacheMap(block_size, stride, offsets.to(kv_cache.device))
 
 
-def _probe_block(flat: torch.Tensor, kv_cache: torch.Tensor, write: CacheWriter, block: int,
-                 block_size: int, num_heads: int, head_dim: int) -> torch.Tensor:
+def _probe_block(flat: torch.Tensor, device: torch.device, write: CacheWriter,
+                 block_size: int, num_heads: int, head_dim: int, fp8: Fp8Probe | None,
+                 block: int) -> torch.Tensor:
     """Flat offsets of every K element then every V element of one block, by code."""
     num_codes = 2 * block_size * num_heads * head_dim
     codes = torch.arange(num_codes, dtype=torch.int64)
-    slots = torch.arange(block * block_size, (block + 1) * block_size, device=kv_cache.device)
+    slots = torch.arange(block * block_size, (block + 1) * block_size, device=device)
     located = torch.zeros(num_codes, dtype=torch.int64)
     where = torch.empty(0, dtype=torch.int64)
+    base = fp8.base if fp8 is not None else EXACT_INTS
     scale = 1
     while scale < num_codes:
-        digits = (codes // scale) % EXACT_INTS + 1  # 1..256: exact, never 0
-        k, v = digits.view(2, block_size, num_heads, head_dim).to(kv_cache.dtype)
+        digits = (codes // scale) % base + 1  # 1..base: exact, never 0
+        k, v = _encode(digits.view(2, block_size, num_heads, head_dim), flat.dtype, fp8)
         flat.zero_()
-        write(k.to(kv_cache.device), v.to(kv_cache.device), slots)
+        write(k.to(device), v.to(device), slots)
         where = torch.nonzero(flat).flatten()
         if where.numel() != num_codes:
             flat.zero_()
             raise ValueError("the cache writer did not write one element per K/V value")
-        located += (flat[where].to(torch.int64).cpu() - 1) * scale
-        scale *= EXACT_INTS
+        located += (_decode(flat[where].cpu(), fp8) - 1) * scale
+        scale *= base
     flat.zero_()
     offsets = torch.empty(num_codes, dtype=torch.int64)
     offsets[located] = where.cpu()
     return offsets
+
+
+def _encode(digits: torch.Tensor, cache_dtype: torch.dtype,
+            fp8: Fp8Probe | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V rows that the writer stores as ``digits``."""
+    if fp8 is None:
+        k, v = digits.to(cache_dtype)
+        return k, v
+    k = digits[0].to(torch.float32) * fp8.k_scale.cpu()[:, None]
+    v = digits[1].to(torch.float32) * fp8.v_scale.cpu()[:, None]
+    return k.to(fp8.input_dtype), v.to(fp8.input_dtype)
+
+
+def _decode(stored: torch.Tensor, fp8: Fp8Probe | None) -> torch.Tensor:
+    """The digits the cache holds (int64)."""
+    if fp8 is None:
+        return stored.to(torch.int64)
+    # digit * scale / scale rounds back to the digit: the format's spacing there is >= 1
+    return stored.view(fp8.dtype).to(torch.float32).round().to(torch.int64)

@@ -7,7 +7,10 @@ does it all at once: each program takes one token of one layer, reads its K and 
 the slab, rotates K by the token's position delta (cos/sin precomputed by
 :class:`~inferscale_memory.kv.rope.RotaryShift`, so both paths use the same angles) and
 stores both into the layer's cache at the flat offsets the cache-map probe learned. Tokens
-whose delta is 0 are copied bit for bit.
+whose delta is 0 are copied bit for bit. In an fp8 cache the slab and the caches hold
+bytes: a moved key is dequantized with its layer's K scale, rotated and quantized again
+(saturated to the format's range, rounded to nearest even), as
+:class:`~inferscale_memory.kv.quant.Fp8Cache` does on the portable path.
 
 Runs under ``TRITON_INTERPRET=1`` on CPU tensors too, which is how it is tested without a
 GPU.
@@ -21,6 +24,7 @@ from collections.abc import Sequence
 import torch
 
 from inferscale_memory.kv.cache_map import CacheMap
+from inferscale_memory.kv.quant import Fp8Cache
 from inferscale_memory.kv.rope import Rotation
 
 try:
@@ -46,12 +50,28 @@ def available(device: torch.device, cache_dtype: torch.dtype, slab_dtype: torch.
 if triton is not None:
 
     @triton.jit
+    def _round_to_float8(x, MANTISSA: tl.constexpr, MIN_EXP: tl.constexpr):
+        """``x`` (float32, within the format's range) rounded to nearest even on the
+        float8 grid, in float32 arithmetic, so that the conversion after it is exact:
+        the same bits on a GPU and in Triton's interpreter, whose own float8 conversion
+        drops the carry of a rounding (1.97 -> 1.0)."""
+        exponent = ((x.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
+        exponent = tl.maximum(exponent, MIN_EXP) - MANTISSA  # subnormals: a fixed step
+        step = ((exponent + 127) << 23).to(tl.float32, bitcast=True)
+        y = x / step  # exact: a power of two
+        r = tl.floor(y + 0.5)
+        odd = (r - 2.0 * tl.floor(r * 0.5)) != 0.0
+        r = tl.where((r - y == 0.5) & odd, r - 1.0, r)  # a tie goes to the even neighbour
+        return r * step
+
+    @triton.jit
     def _inject_kernel(slab_ptr, rows_ptr, slots_ptr, cos_ptr, sin_ptr, moved_ptr,
-                       cache_addrs_ptr, offsets_ptr, block_size, block_stride,
+                       cache_addrs_ptr, offsets_ptr, scales_ptr, block_size, block_stride,
                        row_stride, layer_stride, kv_stride,
                        HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
                        HEADS_P2: tl.constexpr, DIM_P2: tl.constexpr,
-                       ROT_HALF: tl.constexpr, NEOX: tl.constexpr, ROTATE: tl.constexpr):
+                       ROT_HALF: tl.constexpr, NEOX: tl.constexpr, ROTATE: tl.constexpr,
+                       FP8: tl.constexpr, E4M3: tl.constexpr, FP8_MAX: tl.constexpr):
         tok = tl.program_id(0)
         layer = tl.program_id(1)
         row = tl.load(rows_ptr + tok)
@@ -79,14 +99,34 @@ if triton is not None:
                 freq = d // 2
             rotary = d < 2 * ROT_HALF
             rmask = mask & rotary
-            x = k.to(tl.float32)
-            xp = tl.load(src + partner, mask=rmask, other=0.0).to(tl.float32)
+            xp = tl.load(src + partner, mask=rmask, other=0)
+            if FP8:  # bytes -> float8 -> float32, times the layer's K scale per head
+                scale = tl.load(scales_ptr + layer * 2 * HEADS + h, mask=h < HEADS, other=1.0)
+                if E4M3:
+                    x = k.to(tl.float8e4nv, bitcast=True).to(tl.float32) * scale
+                    xp = xp.to(tl.float8e4nv, bitcast=True).to(tl.float32) * scale
+                else:
+                    x = k.to(tl.float8e5, bitcast=True).to(tl.float32) * scale
+                    xp = xp.to(tl.float8e5, bitcast=True).to(tl.float32) * scale
+            else:
+                x = k.to(tl.float32)
+                xp = xp.to(tl.float32)
             cos = tl.load(cos_ptr + tok * ROT_HALF + freq, mask=rotary, other=1.0)
             sin = tl.load(sin_ptr + tok * ROT_HALF + freq, mask=rotary, other=0.0)
             # y1 = x1 cos - x2 sin, y2 = x2 cos + x1 sin (as RotaryShift.apply)
             rotated = tl.where(lower, x * cos - xp * sin, x * cos + xp * sin)
+            if FP8:  # quantized again: divided by the scale, saturated, nearest even
+                rotated = tl.minimum(tl.maximum(rotated / scale, -FP8_MAX), FP8_MAX)
+                if E4M3:
+                    rotated = _round_to_float8(rotated, 3, -6)
+                    stored = rotated.to(tl.float8e4nv).to(elem_ty, bitcast=True)
+                else:
+                    rotated = _round_to_float8(rotated, 2, -14)
+                    stored = rotated.to(tl.float8e5).to(elem_ty, bitcast=True)
+            else:
+                stored = rotated.to(elem_ty)
             moved = tl.load(moved_ptr + tok) != 0
-            k = tl.where(rotary & moved, rotated.to(elem_ty), k)
+            k = tl.where(rotary & moved, stored, k)
 
         base = cache + block * block_stride
         head_off = (within * HEADS + h) * HEAD_DIM + d
@@ -100,7 +140,8 @@ class FusedInjector:
     """The kernel bound to one worker's caches, slab and rotary parameters."""
 
     def __init__(self, caches: Sequence[torch.Tensor], cache_map: CacheMap, heads: int,
-                 head_dim: int, rotary_dim: int, is_neox_style: bool) -> None:
+                 head_dim: int, rotary_dim: int, is_neox_style: bool,
+                 fp8: Fp8Cache | None = None) -> None:
         device = caches[0].device
         self._addrs = torch.tensor([c.data_ptr() for c in caches], dtype=torch.int64,
                                    device=device)
@@ -109,6 +150,7 @@ class FusedInjector:
         self._offsets = cache_map.offsets.to(device=device, dtype=torch.int64).contiguous()
         self._heads, self._head_dim = heads, head_dim
         self._rot_half, self._neox = rotary_dim // 2, is_neox_style
+        self.fp8 = fp8  # the caches hold float8 bytes with these scales
 
     def __call__(self, slab: torch.Tensor, rows: torch.Tensor, slots: torch.Tensor,
                  rotation: Rotation | None) -> None:
@@ -121,11 +163,15 @@ class FusedInjector:
         else:
             cos, sin = rotation.cos.reshape(n, -1), rotation.sin.reshape(n, -1)
             moved = rotation.moved
+        fp8 = self.fp8
         _inject_kernel[(n, layers)](
             slab, rows, slots, cos, sin, moved, self._addrs, self._offsets,
+            fp8.scales if fp8 is not None else rows,
             self._cache_map.block_size, self._cache_map.block_stride,
             slab.stride(0), slab.stride(1), slab.stride(2),
             HEADS=self._heads, HEAD_DIM=self._head_dim,
             HEADS_P2=triton.next_power_of_2(self._heads),
             DIM_P2=triton.next_power_of_2(self._head_dim),
-            ROT_HALF=self._rot_half, NEOX=self._neox, ROTATE=rotation is not None)
+            ROT_HALF=self._rot_half, NEOX=self._neox, ROTATE=rotation is not None,
+            FP8=fp8 is not None, E4M3=fp8 is not None and fp8.dtype == torch.float8_e4m3fn,
+            FP8_MAX=fp8.max_value if fp8 is not None else 0.0)

