@@ -2,8 +2,11 @@
 
 A micro-benchmark run by hand, never a test: it drives each stage of an injected
 request's path with the real objects, without an engine, and prints the median
-microseconds of each stage. The shape is ``bench synthetic``'s: a 32-token header,
-32-token facts, a 16-token question, every fact injected (recompute tail 0).
+microseconds of each stage. The scheduler stages call the connector class vLLM instantiates
+with vLLM's own records (``Request``, ``KVCacheBlocks``, ``SchedulerOutput``), so they
+include the driver's reading of them (``driver/scheduling.py``). The shape is ``bench
+synthetic``'s: a 32-token header, 32-token facts, a 16-token question, every fact injected
+(recompute tail 0).
 
 Stages, in the order a request meets them:
 
@@ -15,8 +18,9 @@ Stages, in the order a request meets them:
   (``extra_args`` included) once.
 - ``wire``: vLLM's msgpack encoding of the ``EngineCoreRequest`` to the engine core and
   its decoding there (the ``text`` column: the same request without our params).
-- ``sched.match``: the scheduler side's first ``get_num_new_matched_tokens`` (parse,
-  salt, digests, registry lookups); ``sched.again``: a second ask while it waits.
+- ``sched.match``: the connector's first ``get_num_new_matched_tokens`` (the request's
+  view, parse, salt, digests, registry lookups); ``sched.again``: a second ask while it
+  waits.
 - ``sched.alloc``: ``update_state_after_alloc``; ``sched.plan``: ``build_connector_meta``.
 - ``plan.pickle``: the step plan pickled and unpickled (only with more than one worker
   process: one GPU runs its worker inside the engine core).
@@ -50,10 +54,9 @@ from typing import Any
 
 import numpy as np
 
-from inferscale_memory.connector.connector import InferScaleMetadata
-from inferscale_memory.connector.params import FactKey, cache_salt, token_digest
-from inferscale_memory.connector.registry import Registered
-from inferscale_memory.connector.scheduler import SchedulerSide
+from inferscale_memory.connector import kv_transfer_config
+from inferscale_memory.connector.connector import InferScaleConnector, InferScaleMetadata
+from inferscale_memory.connector.params import FactKey, RequestParams, Span, cache_salt
 from inferscale_memory.connector.worker import WorkerSide
 from inferscale_memory.kv.pool import PoolEntry
 from inferscale_memory.tokens import TokenFacts
@@ -65,28 +68,43 @@ BLOCK = 16
 
 
 class Bench:
-    """One scheduler side and one worker pool holding ``HELD`` facts of ``USER``."""
+    """The connector's scheduler side and one worker pool holding ``HELD`` facts of
+    ``USER``."""
 
     def __init__(self, seed: int = 0) -> None:
+        from vllm.config import VllmConfig
+        from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+
         rng = random.Random(seed)
         self.rng = rng
         self.tokens = TokenFacts(USER, [rng.randrange(VOCAB) for _ in range(HEADER)],
                                  layout=LAYOUT)
         self.facts = [[rng.randrange(VOCAB) for _ in range(FACT)] for _ in range(HELD)]
-        self.side = SchedulerSide(block_size=BLOCK)
+        self.connector = InferScaleConnector(VllmConfig(kv_transfer_config=kv_transfer_config()),
+                                             KVConnectorRole.SCHEDULER, None)
         self.worker = WorkerSide(SimpleNamespace(cache_config=SimpleNamespace(
             block_size=BLOCK)))
-        header_key = FactKey("", f"header:{LAYOUT}")
-        self._hold(header_key, self.tokens.header_ids, 0, 0)
-        for i, ids in enumerate(self.facts):
-            self._hold(FactKey(USER, str(i)), ids, HEADER, HEADER + i * FACT)
         self.salt = cache_salt(USER, LAYOUT)
         self.count = 0
+        self._hold()
 
-    def _hold(self, key: FactKey, ids: list[int], start: int, row: int) -> None:
-        self.side.facts.register(key, Registered(token_digest(ids), len(ids)))
-        rows = np.arange(row, row + len(ids), dtype=np.int64)
-        self.worker.pool.put(key, PoolEntry(rows, start, 0))
+    def _hold(self) -> None:
+        """The header and every fact captured by one request, as the scheduler side
+        registers them, and their rows in the worker's pool (the facts' KV as if each was
+        captured right after the header)."""
+        prompt = list(self.tokens.header_ids)
+        spans = [Span(FactKey("", f"header:{LAYOUT}"), 0, HEADER)]
+        for i, ids in enumerate(self.facts):
+            spans.append(Span(FactKey(USER, str(i)), len(prompt), len(prompt) + len(ids)))
+            prompt += ids
+        for span in spans:
+            rows = np.arange(span.start, span.end, dtype=np.int64)
+            self.worker.pool.put(span.key, PoolEntry(rows, min(span.start, HEADER), 0))
+        raw = RequestParams(USER, LAYOUT, capture=tuple(spans)).to_dict()
+        capture = self.request(prompt + [1], raw)
+        engine_core_step(self.connector, capture, 0, blocks_for(capture), None)
+        report = self.connector.request_finished(capture, [])[1]
+        assert len(report["inferscale"]["captured"]) == len(spans), report
 
     def sample(self, k: int) -> list[tuple[str, list[int]]]:
         return [(str(i), self.facts[i]) for i in self.rng.sample(range(HELD), k)]
@@ -131,28 +149,45 @@ def front(bench: Bench, k: int, times: dict[str, list[float]]) -> tuple[Any, dic
     return prompt, raw
 
 
+def blocks_for(req: Any) -> list[int]:
+    return list(range(req.num_prompt_tokens // BLOCK + 1))
+
+
+def engine_core_step(connector: InferScaleConnector, req: Any, hit: int, blocks: list[int],
+                     times: dict[str, list[float]] | None, phase: str = "sched") -> Any:
+    """vLLM's scheduler admitting ``req`` after a prefix-cache hit of ``hit`` tokens, in
+    ``blocks``, and prefilling the rest of it in one step: the connector's scheduler hooks
+    (timed into ``times`` unless it is ``None``); returns the step's metadata."""
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.kv_cache_utils import KVCacheBlock
+    from vllm.v1.core.sched.output import NewRequestData, SchedulerOutput
+
+    def stage(name: str, fn: Callable[..., Any], *args: Any) -> Any:
+        return fn(*args) if times is None else timed(times, f"{phase}.{name}", fn, *args)
+
+    claimed, _ = stage("match", connector.get_num_new_matched_tokens, req, hit)
+    stage("again", connector.get_num_new_matched_tokens, req, hit)
+    allocated = KVCacheBlocks(blocks=([KVCacheBlock(i) for i in blocks],))
+    stage("alloc", connector.update_state_after_alloc, req, allocated, claimed)
+    req.num_computed_tokens = hit + claimed
+    output = SchedulerOutput.make_empty()
+    output.scheduled_new_reqs = [NewRequestData.from_request(req, (blocks,))]
+    output.num_scheduled_tokens = {req.request_id: req.num_prompt_tokens - hit - claimed}
+    return stage("plan", connector.build_connector_meta, output)
+
+
 def engine_core(bench: Bench, prompt: Any, raw: dict[str, Any], phase: str, hit: int,
                 times: dict[str, list[float]]) -> None:
     """The scheduler side's stages (and the worker's load) for one request admitted after
     a prefix-cache hit of ``hit`` tokens."""
-    from vllm.v1.core.sched.output import CachedRequestData, NewRequestData
-
-    side = bench.side
     req = bench.request(prompt.token_ids, raw)
-    blocks = list(range(len(prompt.token_ids) // BLOCK + 1))
-    claimed = timed(times, f"{phase}.match", side.num_matched_tokens, req, hit)
-    timed(times, f"{phase}.again", side.num_matched_tokens, req, hit)
-    timed(times, f"{phase}.alloc", side.after_alloc, req, blocks, claimed)
-    req.num_computed_tokens = hit + claimed
-    new = NewRequestData.from_request(req, (blocks,))
-    scheduled = {req.request_id: req.num_prompt_tokens - req.num_computed_tokens}
-    plan = timed(times, f"{phase}.plan", side.build_plan, [new],
-                 CachedRequestData.make_empty(), scheduled)
+    blocks = blocks_for(req)
+    meta = engine_core_step(bench.connector, req, hit, blocks, times, phase)
     if phase == "sched":
-        meta = InferScaleMetadata(plan)
+        assert isinstance(meta, InferScaleMetadata)
         timed(times, "plan.pickle", lambda: pickle.loads(pickle.dumps(meta, protocol=5)))
-        timed(times, "worker.load", bench.worker._load_batch, plan.loads)
-    timed(times, f"{phase}.finish", side.finished, req)
+        timed(times, "worker.load", bench.worker._load_batch, meta.plan.loads)
+    timed(times, f"{phase}.finish", bench.connector.request_finished, req, blocks)
 
 
 def one_request(bench: Bench, k: int, times: dict[str, list[float]]) -> None:

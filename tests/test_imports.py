@@ -11,6 +11,9 @@ Read from the source with ``ast`` (nothing is imported), over every module of
   ``tests/test_vllm_contract.py`` checks (:data:`PRIVATE_VLLM_NAMES`, each in one of its
   ``TOUCHES``) are read only inside the door: an attribute, a name, an imported name or a
   string that is exactly one of them (``getattr(llm, "errored")``) counts elsewhere.
+- Inside the door, the connector's scheduler side and the plain data it keeps
+  (:data:`PLAIN_CONNECTOR`) neither import vLLM or torch nor read those names: they see
+  vLLM's requests and steps as the plain views the driver builds (``connector/step.py``).
 - Cycles: module A imports module B when A's module-level code does: its body and the
   bodies of ``if``/``try``/``with`` blocks and classes in it, ``if TYPE_CHECKING:`` blocks
   included (a cycle of types is a cycle of design: ``memory.py`` once type-hinted the
@@ -42,8 +45,13 @@ PRIVATE_VLLM_NAMES = (
     "vllm_config", "output_handler", "errored", "num_gpu_blocks", "EngineDeadError",
     "VLLMValidationError", "ToolParserManager", "get_tool_parser", "tools_called",
     "VLLM_CPU_KVCACHE_SPACE", "VLLM_RPC_BASE_PATH", "CachedRequestData", "resumed_req_ids",
-    "scheduled_cached_reqs", "get_block_ids", "_get_connector_metadata",
+    "scheduled_cached_reqs", "scheduled_new_reqs", "num_scheduled_tokens", "get_block_ids",
+    "invalid_block_ids", "_get_connector_metadata",
 )
+# The connector's modules that read vLLM's records only as plain views built by the driver
+# (driver/scheduling.py): the scheduler side, the fact registry, the plans and reports.
+PLAIN_CONNECTOR = tuple(f"inferscale_memory.connector.{name}" for name in (
+    "params", "plan", "registry", "report", "scheduler", "step", "tracking"))
 
 
 def package_modules(root: Path) -> dict[str, Path]:
@@ -103,18 +111,32 @@ def module_level(body: list[ast.stmt]) -> Iterator[ast.stmt]:
             yield node
 
 
+def imports_of(name: str, path: Path, packages: tuple[str, ...] = ("vllm",)) -> list[str]:
+    """The modules of ``packages`` that module ``name`` imports (lazy imports included)."""
+    tree = ast.parse(path.read_text(), str(path))
+    return sorted({base for _, base in imported_names(name, path, tree)
+                   if any(base == p or base.startswith(p + ".") for p in packages)})
+
+
+def private_names_read(path: Path) -> list[str]:
+    """The names of :data:`PRIVATE_VLLM_NAMES` that a module reads."""
+    used = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Attribute):
+            used.add(node.attr)
+        elif isinstance(node, ast.Name):
+            used.add(node.id)
+        elif isinstance(node, ast.alias):
+            used.add(node.name.rsplit(".", 1)[-1])
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            used.add(node.value)
+    return sorted(used & set(PRIVATE_VLLM_NAMES))
+
+
 def vllm_imports(modules: dict[str, Path]) -> dict[str, list[str]]:
     """Modules outside the door that import vLLM, with what they import."""
-    found = {}
-    for name, path in modules.items():
-        if inside_the_door(name):
-            continue
-        tree = ast.parse(path.read_text(), str(path))
-        hits = sorted({base for _, base in imported_names(name, path, tree)
-                       if base == "vllm" or base.startswith("vllm.")})
-        if hits:
-            found[name] = hits
-    return found
+    return {name: hits for name, path in modules.items()
+            if not inside_the_door(name) and (hits := imports_of(name, path))}
 
 
 def inside_the_door(module: str) -> bool:
@@ -124,24 +146,8 @@ def inside_the_door(module: str) -> bool:
 def private_vllm_reads(modules: dict[str, Path]) -> dict[str, list[str]]:
     """Modules outside the door that read a name of :data:`PRIVATE_VLLM_NAMES`, with the
     names they read."""
-    private = set(PRIVATE_VLLM_NAMES)
-    found = {}
-    for name, path in modules.items():
-        if inside_the_door(name):
-            continue
-        used = set()
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.Attribute):
-                used.add(node.attr)
-            elif isinstance(node, ast.Name):
-                used.add(node.id)
-            elif isinstance(node, ast.alias):
-                used.add(node.name.rsplit(".", 1)[-1])
-            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
-                used.add(node.value)
-        if hits := sorted(used & private):
-            found[name] = hits
-    return found
+    return {name: hits for name, path in modules.items()
+            if not inside_the_door(name) and (hits := private_names_read(path))}
 
 
 def touched_names(contract: Path) -> str:
@@ -212,6 +218,17 @@ def test_only_the_driver_and_the_connector_import_vllm() -> None:
 def test_only_the_driver_and_the_connector_read_vllms_private_names() -> None:
     assert private_vllm_reads(package_modules(ROOT)) == {}, \
         f"vLLM's private names read outside {DOORS}: move the read into inferscale_memory/driver"
+
+
+def test_the_scheduler_side_sees_plain_views_only() -> None:
+    modules = package_modules(ROOT)
+    found = {name: imports_of(name, modules[name], ("vllm", "torch"))
+             + private_names_read(modules[name]) for name in PLAIN_CONNECTOR}
+    assert {name: hits for name, hits in found.items() if hits} == {}, \
+        "move the read of vLLM's records into inferscale_memory/driver/scheduling.py"
+    shim = modules["inferscale_memory.connector.connector"]
+    assert imports_of("inferscale_memory.connector.connector", shim) != []  # imports are seen
+    assert "get_block_ids" in private_names_read(modules["inferscale_memory.driver.scheduling"])
 
 
 def test_each_private_name_is_checked_by_the_vllm_contract() -> None:

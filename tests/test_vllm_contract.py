@@ -411,7 +411,7 @@ def _runtime_config() -> None:
     has_fields(CacheConfig, "block_size", "num_gpu_blocks")
 
 
-# -- connector/connector.py, scheduler.py, tracking.py: the engine core's side --------------
+# -- connector/connector.py, driver/scheduling.py: the engine core's side ------------------
 
 
 def _base_methods() -> None:
@@ -449,8 +449,11 @@ def _block_ids_group_0() -> None:
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
     from vllm.v1.core.kv_cache_utils import KVCacheBlock
 
+    from inferscale_memory.driver.scheduling import block_ids
+
     blocks = KVCacheBlocks(blocks=([KVCacheBlock(4), KVCacheBlock(9)],))
     assert list(blocks.get_block_ids()[0]) == [4, 9]
+    assert block_ids(blocks) == [4, 9]
 
 
 def _scheduler_output() -> None:
@@ -458,22 +461,32 @@ def _scheduler_output() -> None:
 
     has_fields(SchedulerOutput, "scheduled_new_reqs", "scheduled_cached_reqs",
                "num_scheduled_tokens")
-    has_fields(NewRequestData, "req_id", "num_computed_tokens", "block_ids")
+    has_fields(NewRequestData, "req_id", "num_computed_tokens")
 
 
 def _cached_request_data() -> None:
-    from vllm.v1.core.sched.output import CachedRequestData
+    from vllm.v1.core.sched.output import CachedRequestData, SchedulerOutput
+
+    from inferscale_memory.connector.step import ScheduledRequest
+    from inferscale_memory.driver.scheduling import scheduled_requests
 
     has_fields(CachedRequestData, "req_ids", "new_block_ids", "num_computed_tokens")
     empty = CachedRequestData.make_empty()
     assert empty.req_ids == [] and empty.new_block_ids == []
+    output = SchedulerOutput.make_empty()
+    output.scheduled_cached_reqs = cached = CachedRequestData.make_empty()
+    cached.req_ids, cached.new_block_ids, cached.num_computed_tokens = ["c"], [([7],)], [16]
+    output.num_scheduled_tokens = {"c": 4}
     if "resumed_req_ids" in field_names(CachedRequestData):  # up to vLLM 0.33
         assert isinstance(empty.resumed_req_ids, set | frozenset)  # read with `in`
+        cached.resumed_req_ids = {"c"}
+        assert scheduled_requests(output, {"c"}) == [ScheduledRequest("c", 16, 4, [7], True)]
         return
     # vLLM 0.34: a resumed request is sent again among the new ones (its blocks whole), so
-    # a cached request's new blocks are always appended, as scheduler.py then assumes
+    # a cached request's new blocks are always appended, as driver/scheduling.py then reads
     from vllm.v1.core.sched.scheduler import Scheduler
 
+    assert scheduled_requests(output, {"c"}) == [ScheduledRequest("c", 16, 4, [7], False)]
     schedule = inspect.getsource(Scheduler.schedule)
     assert "scheduled_resumed_reqs" not in schedule, "resumed requests are listed apart"
     assert "scheduled_new_reqs.append(request)" in schedule
@@ -482,12 +495,18 @@ def _cached_request_data() -> None:
 def _connector_output() -> None:
     from vllm.v1.outputs import KVConnectorOutput
 
+    from inferscale_memory.driver.scheduling import failed_block_ids
+
     has_fields(KVConnectorOutput, "invalid_block_ids")
+    assert failed_block_ids(KVConnectorOutput(invalid_block_ids={3})) == {3}
 
 
 def _request() -> None:
     from vllm import SamplingParams
     from vllm.v1.request import Request
+
+    from inferscale_memory.connector.step import RequestView
+    from inferscale_memory.driver.scheduling import request_view
 
     wire = {"inferscale": {"user": "u", "layout": "L"}}
     request = Request("r", [1, 2, 3], SamplingParams(
@@ -495,6 +514,9 @@ def _request() -> None:
     assert (request.request_id, list(request.prompt_token_ids), request.cache_salt) == (
         "r", [1, 2, 3], "s")
     assert request.kv_transfer_params == wire  # from SamplingParams.extra_args
+    view = request_view(request)
+    assert view == RequestView("r", view.prompt_token_ids, wire, "s")
+    assert list(view.prompt_token_ids) == [1, 2, 3]
 
 
 # -- driver/frontend.py: vLLM's errors ------------------------------------------------------
@@ -565,15 +587,16 @@ TOUCHES: tuple[Touch, ...] = (
     Touch("KVConnectorBase_V1._get_connector_metadata, KVConnectorRole",
           "inferscale_memory/connector/connector.py", _connector_metadata),
     Touch("KVCacheBlocks.get_block_ids()[0] (KV cache group 0 only)",
-          "inferscale_memory/connector/connector.py", _block_ids_group_0),
-    Touch("SchedulerOutput.scheduled_new_reqs/scheduled_cached_reqs/num_scheduled_tokens",
-          "inferscale_memory/connector/connector.py", _scheduler_output),
+          "inferscale_memory/driver/scheduling.py", _block_ids_group_0),
+    Touch("SchedulerOutput.scheduled_new_reqs/scheduled_cached_reqs/num_scheduled_tokens, "
+          "NewRequestData.req_id/num_computed_tokens",
+          "inferscale_memory/driver/scheduling.py", _scheduler_output),
     Touch("CachedRequestData.req_ids/new_block_ids/resumed_req_ids/num_computed_tokens",
-          "inferscale_memory/connector/scheduler.py", _cached_request_data),
-    Touch("KVConnectorOutput.invalid_block_ids", "inferscale_memory/connector/connector.py",
+          "inferscale_memory/driver/scheduling.py", _cached_request_data),
+    Touch("KVConnectorOutput.invalid_block_ids", "inferscale_memory/driver/scheduling.py",
           _connector_output),
     Touch("Request.request_id/prompt_token_ids/kv_transfer_params/cache_salt",
-          "inferscale_memory/connector/tracking.py", _request),
+          "inferscale_memory/driver/scheduling.py", _request),
     Touch("vllm.v1.engine.exceptions.EngineDeadError (by name)",
           "inferscale_memory/driver/frontend.py", _engine_dead_error),
 )

@@ -9,7 +9,10 @@ vLLM creates one instance per role in separate processes:
   ``build_connector_meta`` hands them to the workers for this step.
   ``request_finished`` registers captured facts and returns the request's report
   (:class:`~.report.ConnectorReport`: injected tokens, facts recomputed, pool moves) as
-  the output's ``kv_transfer_params``.
+  the output's ``kv_transfer_params``. These hooks hand vLLM's records (``Request``,
+  ``KVCacheBlocks``, ``SchedulerOutput``, ``KVConnectorOutput``) to
+  :mod:`inferscale_memory.driver.scheduling`, which reads them into the plain views of
+  :mod:`.step`: the scheduler side reads nothing of vLLM.
 * **Worker side** (each worker process). ``register_kv_caches`` probes the cache layout.
   ``start_load_kv`` writes the facts' KV (keys shifted to their new positions) into the
   request's blocks before the forward pass. ``save_kv_layer`` copies captured spans out
@@ -37,6 +40,7 @@ from inferscale_memory.connector.plan import StepPlan
 from inferscale_memory.connector.scheduler import SchedulerSide
 from inferscale_memory.connector.worker import WorkerSide
 from inferscale_memory.driver import engine as driver
+from inferscale_memory.driver import scheduling
 from inferscale_memory.errors import ConfigError
 from inferscale_memory.fields import kv_cache_dtype_problem
 
@@ -63,6 +67,7 @@ class InferScaleConnector(KVConnectorBase_V1):
                                          driver.host_pool_budget_tokens(vllm_config),
                                          driver.cache_block_size(vllm_config))
                            if role == KVConnectorRole.SCHEDULER else None)
+        self._views = scheduling.RequestViews()  # what the scheduler side reads of each request
         self._worker = WorkerSide(vllm_config) if role == KVConnectorRole.WORKER else None
 
     # -- worker side -------------------------------------------------------------------
@@ -99,34 +104,33 @@ class InferScaleConnector(KVConnectorBase_V1):
         assert isinstance(meta, InferScaleMetadata)
         return meta.plan
 
-    # -- scheduler side ----------------------------------------------------------------
+    # -- scheduler side: vLLM's records read by the driver, plain views to SchedulerSide --
 
     def get_num_new_matched_tokens(self, request: Any,
                                    num_computed_tokens: int) -> tuple[int, bool]:
         assert self._scheduler is not None
-        return self._scheduler.num_matched_tokens(request, num_computed_tokens), False
+        view = self._views.of(request)
+        return self._scheduler.num_matched_tokens(view, num_computed_tokens), False
 
     def update_state_after_alloc(self, request: Any, blocks: Any,
                                  num_external_tokens: int) -> None:
         assert self._scheduler is not None
-        block_ids = blocks.get_block_ids()[0] if blocks is not None else []
-        self._scheduler.after_alloc(request, list(block_ids), num_external_tokens)
+        self._scheduler.after_alloc(self._views.of(request), scheduling.block_ids(blocks),
+                                    num_external_tokens)
 
     def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
         assert self._scheduler is not None
-        plan = self._scheduler.build_plan(scheduler_output.scheduled_new_reqs,
-                                          scheduler_output.scheduled_cached_reqs,
-                                          scheduler_output.num_scheduled_tokens)
-        return InferScaleMetadata(plan)
+        scheduled = scheduling.scheduled_requests(scheduler_output, self._scheduler.capturing)
+        return InferScaleMetadata(self._scheduler.build_plan(scheduled))
 
     def update_connector_output(self, connector_output: Any) -> None:
         assert self._scheduler is not None
-        failed = getattr(connector_output, "invalid_block_ids", None)
+        failed = scheduling.failed_block_ids(connector_output)
         if failed:
-            self._scheduler.load_failed(set(failed))
+            self._scheduler.load_failed(failed)
 
     def request_finished(self, request: Any,
                          block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         assert self._scheduler is not None
-        report = self._scheduler.finished(request)
+        report = self._scheduler.finished(self._views.pop(request))
         return False, report.to_output() if report is not None else None

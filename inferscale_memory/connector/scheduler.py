@@ -1,13 +1,14 @@
 """Scheduler side of the connector: what each request may claim, and each step's plan.
 
-Plain bookkeeping, no torch; which facts exist, in which tier, within which budget, is
-the business of :mod:`.registry` (no vLLM either), and this module is the glue between
-vLLM's requests and it. The scheduler process never shares memory with the driver or the
-workers, so it learns which facts exist only from the requests it schedules: a fact is
-registered when the request that captured it finishes, and dropped when an eviction
-request is scheduled. Every span a request wants injected is checked against the
-registry *and* against the request's own prompt tokens (a digest), so a forged or stale
-span is recomputed, never loaded.
+Plain bookkeeping, no torch and no vLLM: it reads vLLM's requests and steps as the plain
+views of :mod:`.step`, which the driver (:mod:`inferscale_memory.driver.scheduling`) builds
+from vLLM's records. Which facts exist, in which tier, within which budget, is the business
+of :mod:`.registry`, and this module is the glue between the requests and it. The scheduler
+process never shares memory with the driver or the workers, so it learns which facts exist
+only from the requests it schedules: a fact is registered when the request that captured it
+finishes, and dropped when an eviction request is scheduled. Every span a request wants
+injected is checked against the registry *and* against the request's own prompt tokens (a
+digest), so a forged or stale span is recomputed, never loaded.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 import logging
 from array import array
 from bisect import bisect_right
-from typing import Any
+from collections.abc import Collection, Sequence
 
 from inferscale_memory.connector.params import (
     SHARED_NS,
@@ -30,19 +31,15 @@ from inferscale_memory.connector.params import (
 from inferscale_memory.connector.plan import CaptureOp, LoadOp, StepPlan, blocks_of
 from inferscale_memory.connector.registry import FactRegistry, Move, Registered
 from inferscale_memory.connector.report import ConnectorReport
-from inferscale_memory.connector.tracking import (
-    CaptureTrack,
-    InjectionPlan,
-    Report,
-    RequestLike,
-    Tracked,
-)
+from inferscale_memory.connector.step import RequestView, ScheduledRequest
+from inferscale_memory.connector.tracking import CaptureTrack, InjectionPlan, Report, Tracked
 
 logger = logging.getLogger(__name__)
 
 
 class SchedulerSide:
-    """The connector's scheduler side: vLLM's requests in, a plan per step out.
+    """The connector's scheduler side: requests and steps in (plain views), a plan per
+    step out.
 
     Which facts exist, and which ones each tier keeps within its budget, is the
     :class:`~.registry.FactRegistry`'s business (the one eviction policy). This class
@@ -64,11 +61,13 @@ class SchedulerSide:
         # The request whose capture of a key the workers' pool holds last (see
         # _register_captures).
         self._capturer: dict[FactKey, str] = {}
+        # The capture of each request with spans whose tokens are not all computed yet.
+        self._capturing: dict[str, CaptureTrack] = {}
         self._next = StepPlan()
 
     # -- called by vLLM's scheduler, through the connector shim ------------------------
 
-    def num_matched_tokens(self, request: RequestLike, num_computed: int) -> int:
+    def num_matched_tokens(self, request: RequestView, num_computed: int) -> int:
         """Tokens after ``num_computed`` whose KV the workers can load. vLLM asks on every
         step a request waits, so nothing is computed twice: no side effects beyond
         memoising the parsed params, the spans' digests and the match (until the
@@ -78,13 +77,13 @@ class SchedulerSide:
             return 0
         # vLLM's own prefix cache already holds every span (the same facts asked again):
         # nothing could be claimed, so nothing is parsed, hashed or looked up.
-        last = min(tracked.params.inject[-1].end, len(request.prompt_token_ids or []) - 1)
+        last = min(tracked.params.inject[-1].end, len(request.prompt_token_ids) - 1)
         tracked.cached = num_computed >= last
         if tracked.cached:
             return 0
         return self._match(request, tracked).claim(num_computed)
 
-    def after_alloc(self, request: RequestLike, block_ids: list[int], num_external: int) -> None:
+    def after_alloc(self, request: RequestView, block_ids: list[int], num_external: int) -> None:
         """Record the load, capture and evict work of a request that was just scheduled."""
         tracked = self._track(request)
         params = tracked.params
@@ -102,29 +101,27 @@ class SchedulerSide:
             self._capturer.pop(key, None)
             self._next.evicts.append(key)
 
-    def build_plan(self, new_reqs: list[Any], cached_reqs: Any,
-                   num_scheduled: dict[str, int]) -> StepPlan:
-        """The worker plan of this step; resets the pending loads and evictions."""
+    @property
+    def capturing(self) -> Collection[str]:
+        """Ids of the requests whose capture waits for tokens: the only ones
+        :meth:`build_plan` reads of a step."""
+        return self._capturing.keys()
+
+    def build_plan(self, scheduled: Sequence[ScheduledRequest]) -> StepPlan:
+        """The worker plan of this step, in which ``scheduled`` (those of the step's
+        requests that :attr:`capturing` names) compute their tokens; resets the pending
+        loads and evictions."""
         plan, self._next = self._next, StepPlan()
-        for req in new_reqs:
-            track = self._capture_of(req.req_id)
-            if track is not None:
-                end = req.num_computed_tokens + num_scheduled.get(req.req_id, 0)
-                self._emit_captures(req.req_id, track, end, plan)
-        # vLLM 0.34 dropped resumed_req_ids: it re-sends a resumed request among the new.
-        resumed = getattr(cached_reqs, "resumed_req_ids", ())
-        for i, req_id in enumerate(cached_reqs.req_ids):
-            track = self._capture_of(req_id)
+        for req_id, num_computed, num_scheduled, new_block_ids, resumed in scheduled:
+            track = self._capturing.get(req_id)
             if track is None:
                 continue
-            new_blocks = cached_reqs.new_block_ids[i]
-            if new_blocks is not None:
-                if req_id in resumed:
-                    track.block_ids = list(new_blocks[0])
+            if new_block_ids is not None:
+                if resumed:
+                    track.block_ids = list(new_block_ids)
                 else:
-                    track.block_ids.extend(new_blocks[0])
-            end = cached_reqs.num_computed_tokens[i] + num_scheduled.get(req_id, 0)
-            self._emit_captures(req_id, track, end, plan)
+                    track.block_ids.extend(new_block_ids)
+            self._emit_captures(req_id, track, num_computed + num_scheduled, plan)
         self.facts.end_step()
         return plan
 
@@ -154,12 +151,13 @@ class SchedulerSide:
                     report.missing.append(key)
             tracked.loaded = [p for p in pieces if (p[0], p[1]) not in failed]
 
-    def finished(self, request: RequestLike) -> ConnectorReport | None:
+    def finished(self, request: RequestView) -> ConnectorReport | None:
         """Register the facts a capture request stored; return the request's report
         (``None``: the request was never scheduled and stored nothing)."""
         tracked = self._requests.pop(request.request_id, None)
         if tracked is None:
             return None  # never matched nor scheduled
+        self._capturing.pop(request.request_id, None)
         captured = self._register_captures(request, tracked.capture)
         if tracked.report is None and not captured:
             return None
@@ -167,14 +165,14 @@ class SchedulerSide:
 
     # -- helpers -----------------------------------------------------------------------
 
-    def _register_captures(self, request: RequestLike,
+    def _register_captures(self, request: RequestView,
                            track: CaptureTrack | None) -> list[FactKey]:
         """Register the latest capture of each key the request stored, unless a later
         request captured the key again or it was deleted since; returns their names."""
         if track is None:
             return []
         self.facts.release(sum(span.length for span in track.emitted))
-        prompt = request.prompt_token_ids or []
+        prompt = request.prompt_token_ids
         captured = []
         for key, span in {span.key: span for span in track.emitted}.items():
             if self._capturer.get(key) != request.request_id:
@@ -201,7 +199,7 @@ class SchedulerSide:
             demoted=tuple(moves.demoted), promoted=tuple(moves.promoted),
             deleted=tuple(moves.deleted), error=report.error or None, **levels)
 
-    def _record_injection(self, request: RequestLike, tracked: Tracked,
+    def _record_injection(self, request: RequestView, tracked: Tracked,
                           block_ids: list[int], num_external: int) -> None:
         """Plan the load of the KV vLLM let the request claim: pin it for this step,
         promote what is on the host, and mark it recently used."""
@@ -251,22 +249,18 @@ class SchedulerSide:
         plan.moves.extend(moves)
         self._requests[req_id].moves.add(moves)
 
-    def _track(self, request: RequestLike) -> Tracked:
+    def _track(self, request: RequestView) -> Tracked:
         """The request's tracking, its params parsed on first sight."""
         tracked = self._requests.get(request.request_id)
         if tracked is None:
             tracked = self._requests[request.request_id] = Tracked(*self._parse(request))
         return tracked
 
-    def _capture_of(self, req_id: str) -> CaptureTrack | None:
-        tracked = self._requests.get(req_id)
-        return tracked.capture if tracked is not None else None
-
     @staticmethod
-    def _parse(request: RequestLike) -> tuple[RequestParams | None, str | None]:
+    def _parse(request: RequestView) -> tuple[RequestParams | None, str | None]:
         """The request's params, and why they were refused or cut (``None``: they were
         not)."""
-        prompt_len = len(request.prompt_token_ids or [])
+        prompt_len = len(request.prompt_token_ids)
         try:
             params = parse_params(request.kv_transfer_params, prompt_len)
         except ParamsError as exc:
@@ -281,7 +275,7 @@ class SchedulerSide:
                                  params.evict), message
         return params, None
 
-    def _match(self, request: RequestLike, tracked: Tracked) -> InjectionPlan:
+    def _match(self, request: RequestView, tracked: Tracked) -> InjectionPlan:
         """The request's injection plan, matched again only if the registry changed
         since its last match (a fact evicted, demoted, recaptured or forgotten)."""
         if tracked.plan is None or tracked.matched_at != self.facts.version:
@@ -289,13 +283,13 @@ class SchedulerSide:
             tracked.matched_at = self.facts.version
         return tracked.plan
 
-    def _plan_injection(self, request: RequestLike, tracked: Tracked) -> InjectionPlan:
+    def _plan_injection(self, request: RequestView, tracked: Tracked) -> InjectionPlan:
         """Match the inject spans against the registry and the prompt's own tokens, from
         position 0 to the first span that cannot be loaded (missing, moved, forged or
         stale: recomputed, never loaded). A span's digest is hashed on its first check
         only (the prompt never changes), and no span after the first failure is hashed."""
         assert tracked.params is not None
-        prompt = request.prompt_token_ids or []
+        prompt = request.prompt_token_ids
         spans, digests, get = tracked.params.inject, tracked.digests, self.facts.get
         packed: memoryview | None = None  # the prompt as int64s, once, if any is hashed
         position = num_usable = 0
@@ -327,16 +321,18 @@ class SchedulerSide:
                 pieces.append((key, first - start, last - first, first))
         return LoadOp(req_id, list(block_ids), pieces)
 
-    def _track_capture(self, request: RequestLike, tracked: Tracked, params: RequestParams,
+    def _track_capture(self, request: RequestView, tracked: Tracked, params: RequestParams,
                        block_ids: list[int]) -> None:
         if tracked.capture is not None:  # rescheduled after a preemption: new blocks
             tracked.capture.block_ids = list(block_ids)
             return
-        prompt = request.prompt_token_ids or []
+        prompt = request.prompt_token_ids
         wanted = [span for span in params.capture if not self._is_registered(span, prompt)]
         tracked.capture = CaptureTrack(wanted, list(block_ids))
+        if wanted:
+            self._capturing[request.request_id] = tracked.capture
 
-    def _is_registered(self, span: Span, prompt: list[int]) -> bool:
+    def _is_registered(self, span: Span, prompt: Sequence[int]) -> bool:
         entry = self.facts.get(span.key)
         tokens = prompt[span.start:span.end]
         return entry is not None and entry.digest == token_digest(tokens)
@@ -349,6 +345,8 @@ class SchedulerSide:
         if num_ready == 0:
             return
         ready, track.spans = track.spans[:num_ready], track.spans[num_ready:]
+        if not track.spans:  # the request's later steps need nothing of it
+            del self._capturing[req_id]
         emitted = []
         for span in ready:
             # The workers overwrite this key's pool entry in this step, but with async

@@ -1,16 +1,17 @@
 """Scheduler side of the connector, driven like vLLM's scheduler drives it.
 
-Real ``vllm.v1.request.Request`` objects carry the ``kv_transfer_params`` and the
-``cache_salt``; real ``NewRequestData``/``CachedRequestData`` describe each step. The call
-order mirrors vLLM's scheduler: ``get_num_new_matched_tokens`` with the (block-aligned)
-local prefix hit, ``update_state_after_alloc`` with the claimed count, then
-``build_connector_meta`` for the step, and ``request_finished`` at the end.
+The scheduler side reads plain views (``connector/step.py``): a ``RequestView`` carries a
+request's prompt, ``kv_transfer_params`` and ``cache_salt``; ``ScheduledRequest``s describe
+each step. The call order mirrors vLLM's scheduler: ``num_matched_tokens`` with the
+(block-aligned) local prefix hit, ``after_alloc`` with the claimed count, then
+``build_plan`` for the step, and ``finished`` at the end. The tests at the end drive the
+connector class vLLM instantiates with vLLM's own ``Request`` and ``SchedulerOutput``
+(``tests/driver/test_scheduling.py`` checks their translation on its own).
 """
 
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -29,12 +30,7 @@ from inferscale_memory.connector.plan import DEMOTE, EVICT, PROMOTE, CaptureOp, 
 from inferscale_memory.connector.registry import Registered
 from inferscale_memory.connector.report import ConnectorReport
 from inferscale_memory.connector.scheduler import SchedulerSide
-
-pytest.importorskip("vllm")
-
-from vllm import SamplingParams  # noqa: E402
-from vllm.v1.core.sched.output import CachedRequestData, NewRequestData  # noqa: E402
-from vllm.v1.request import Request  # noqa: E402
+from inferscale_memory.connector.step import RequestView, ScheduledRequest
 
 LAYOUT = "L1"
 HEADER = FactKey("", "header:L1")
@@ -50,11 +46,9 @@ QUESTION = list(range(500, 510))
 
 
 def request(req_id: str, prompt: list[int], params: RequestParams | dict[str, Any] | None,
-            salt: str | None = None) -> Request:
+            salt: str | None = None) -> RequestView:
     raw = params.to_dict() if isinstance(params, RequestParams) else params
-    extra = {"kv_transfer_params": raw} if raw is not None else None
-    return Request(req_id, list(prompt), SamplingParams(max_tokens=1, extra_args=extra), None,
-                   cache_salt=salt)
+    return RequestView(req_id, list(prompt), raw, salt)
 
 
 def layout(*parts: tuple[FactKey, list[int]]) -> tuple[list[int], list[Span]]:
@@ -67,36 +61,23 @@ def layout(*parts: tuple[FactKey, list[int]]) -> tuple[list[int], list[Span]]:
     return prompt, spans
 
 
-def schedule(side: SchedulerSide, req: Request, block_ids: list[int], local_hit: int = 0,
+def schedule(side: SchedulerSide, req: RequestView, block_ids: list[int], local_hit: int = 0,
              chunk: int | None = None) -> tuple[int, StepPlan]:
     """One scheduler step that admits ``req`` (a new request); returns (claimed, plan)."""
     claimed = side.num_matched_tokens(req, local_hit)
     side.after_alloc(req, block_ids, claimed)
-    req.num_computed_tokens = local_hit + claimed
-    remaining = req.num_prompt_tokens - req.num_computed_tokens
+    computed = local_hit + claimed
+    remaining = len(req.prompt_token_ids) - computed
     scheduled = remaining if chunk is None else min(chunk, remaining)
-    new = NewRequestData.from_request(req, (list(block_ids),))
-    plan = side.build_plan([new], CachedRequestData.make_empty(),
-                           {req.request_id: scheduled})
-    req.num_computed_tokens += scheduled  # as vLLM does once the step is scheduled
+    plan = side.build_plan([ScheduledRequest(req.request_id, computed, scheduled, None, False)])
     return claimed, plan
 
 
-def continue_step(side: SchedulerSide, req: Request, scheduled: int,
+def continue_step(side: SchedulerSide, req: RequestView, computed: int, scheduled: int,
                   new_blocks: list[int] | None = None, resumed: bool = False) -> StepPlan:
-    """A later step of a running (or resumed) request, as ``scheduled_cached_reqs``."""
-    cached = CachedRequestData(
-        req_ids=[req.request_id],
-        resumed_req_ids={req.request_id} if resumed else set(),
-        new_token_ids=[],
-        all_token_ids={},
-        new_block_ids=[(list(new_blocks),) if new_blocks is not None else None],
-        num_computed_tokens=[req.num_computed_tokens],
-        num_output_tokens=[0],
-    )
-    plan = side.build_plan([], cached, {req.request_id: scheduled})
-    req.num_computed_tokens += scheduled
-    return plan
+    """A later step of a running (or resumed) request that had ``computed`` tokens."""
+    return side.build_plan([ScheduledRequest(req.request_id, computed, scheduled, new_blocks,
+                                             resumed)])
 
 
 def salt(user: str = "alice", layout_id: str = LAYOUT) -> str:
@@ -132,7 +113,7 @@ def primed() -> SchedulerSide:
 def inject_request(req_id: str, parts: tuple[tuple[FactKey, list[int]], ...],
                    tail: list[int] = QUESTION, user: str = "alice",
                    request_salt: str | None = None,
-                   inject_keys: tuple[FactKey, ...] | None = None) -> Request:
+                   inject_keys: tuple[FactKey, ...] | None = None) -> RequestView:
     prompt, spans = layout(*parts)
     prompt += tail
     if inject_keys is not None:
@@ -191,7 +172,7 @@ def test_inject_claims_header_and_facts_with_right_pieces(primed: SchedulerSide)
     report = primed.finished(req)
     assert report == ConnectorReport(injected_tokens=30)
     # the plan of the next step no longer carries the load
-    assert primed.build_plan([], CachedRequestData.make_empty(), {}).is_empty()
+    assert primed.build_plan([]).is_empty()
 
 
 def test_facts_are_claimed_at_new_positions_and_subsets(primed: SchedulerSide) -> None:
@@ -208,7 +189,7 @@ def test_facts_are_claimed_at_new_positions_and_subsets(primed: SchedulerSide) -
 
 def test_last_prompt_token_is_never_claimed(primed: SchedulerSide) -> None:
     req = inject_request("no-q", ((HEADER, HEADER_IDS), (A, A_IDS)), tail=[])
-    assert req.num_prompt_tokens == 20
+    assert len(req.prompt_token_ids) == 20
     claimed, plan = schedule(primed, req, [2, 3])
     assert claimed == 19
     assert plan.loads[0].pieces == [(HEADER, 0, 8, 0), (A, 0, 11, 8)]
@@ -229,7 +210,7 @@ def test_nothing_to_claim_when_the_local_hit_covers_the_facts(primed: SchedulerS
     req = inject_request(f"hit{local_hit}", ((HEADER, HEADER_IDS), (A, A_IDS), (B, B_IDS)))
     assert primed.num_matched_tokens(req, local_hit) == 0
     primed.after_alloc(req, [4, 8, 9], 0)
-    assert primed.build_plan([], CachedRequestData.make_empty(), {}).loads == []
+    assert primed.build_plan([]).loads == []
 
 
 def test_forged_span_is_not_claimed_and_is_reported_missing(primed: SchedulerSide) -> None:
@@ -360,7 +341,7 @@ def test_eviction_drops_the_entry_and_reaches_the_workers(primed: SchedulerSide)
     assert claimed == 0
     assert plan.evicts == [A, C]  # unknown keys are forwarded too: the pool may hold them
     assert A not in primed.facts.device and B in primed.facts.device
-    assert primed.build_plan([], CachedRequestData.make_empty(), {}).evicts == []
+    assert primed.build_plan([]).evicts == []
     primed.finished(req)
     inj = inject_request("after", ((HEADER, HEADER_IDS), (A, A_IDS), (B, B_IDS)))
     claimed, plan = schedule(primed, inj, [1, 2])
@@ -375,7 +356,7 @@ def test_load_recorded_before_an_eviction_in_the_same_step_stays(primed: Schedul
     claimed = primed.num_matched_tokens(inj, 0)
     primed.after_alloc(inj, [1, 2], claimed)
     primed.after_alloc(ev, [3], 0)
-    plan = primed.build_plan([], CachedRequestData.make_empty(), {})
+    plan = primed.build_plan([])
     assert [op.req_id for op in plan.loads] == ["inj"] and plan.evicts == [A]
 
 
@@ -387,13 +368,15 @@ def test_chunked_capture_emits_spans_once_computed(side: SchedulerSide) -> None:
     req = request("chunk", prompt, RequestParams("alice", LAYOUT, capture=tuple(spans[:3])))
     _, plan1 = schedule(side, req, [11], chunk=16)  # computes [0, 16)
     assert plan1.captures == [CaptureOp("chunk", [11], [spans[0]])]
-    plan2 = continue_step(side, req, 4, new_blocks=[12])  # [16, 20): A ends exactly at 20
+    plan2 = continue_step(side, req, 16, 4, new_blocks=[12])  # [16, 20): A ends at 20
     assert plan2.captures == [CaptureOp("chunk", [11, 12], [spans[1]])]
-    plan3 = continue_step(side, req, 9, new_blocks=None)  # [20, 29): B not done
+    plan3 = continue_step(side, req, 20, 9, new_blocks=None)  # [20, 29): B not done
     assert plan3.captures == []
-    plan4 = continue_step(side, req, 11, new_blocks=[13])  # [29, 40)
+    assert "chunk" in side.capturing
+    plan4 = continue_step(side, req, 29, 11, new_blocks=[13])  # [29, 40)
     assert plan4.captures == [CaptureOp("chunk", [11, 12, 13], [spans[2]])]
-    assert continue_step(side, req, 1).captures == []  # decode step: nothing left
+    assert "chunk" not in side.capturing  # its later steps are not read
+    assert continue_step(side, req, 40, 1).captures == []  # decode step: nothing left
     side.finished(req)
     assert set(side.facts.device) == {HEADER, A, B}
 
@@ -403,8 +386,10 @@ def test_unfinished_capture_registers_only_emitted_spans(side: SchedulerSide) ->
     req = request("abort", prompt, RequestParams("alice", LAYOUT, capture=tuple(spans[:2])))
     _, plan = schedule(side, req, [11], chunk=16)
     assert [s.key for op in plan.captures for s in op.spans] == [HEADER]
+    assert "abort" in side.capturing
     report = side.finished(req)  # aborted after the first chunk
     assert report.captured == (HEADER,)
+    assert not side.capturing  # the steps no longer read it
     assert set(side.facts.device) == {HEADER}
 
 
@@ -416,35 +401,14 @@ def test_resumed_capture_uses_its_new_blocks(side: SchedulerSide, as_new: bool) 
     assert plan.captures[0].block_ids == [11]
     # preempted, then admitted again from scratch with other blocks: vLLM's V1 model
     # runner lists it among the cached requests as resumed, the V2 runner as a new one
-    req.num_computed_tokens = 0
     if as_new:
         _, plan = schedule(side, req, [21, 22])
     else:
         assert side.num_matched_tokens(req, 0) == 0
         side.after_alloc(req, [21, 22], 0)
-        plan = continue_step(side, req, 30, new_blocks=[21, 22], resumed=True)
+        plan = continue_step(side, req, 0, 30, new_blocks=[21, 22], resumed=True)
     assert plan.captures == [CaptureOp("pre", [21, 22], [spans[1]])]
     assert side.finished(req).captured == (HEADER, A)
-
-
-@dataclass
-class CachedRequestData034:
-    """vLLM 0.34's ``CachedRequestData`` as the scheduler side reads it: no
-    ``resumed_req_ids`` (0.34 re-sends a resumed request among the new ones, like the V2
-    runner above), so every cached request's new blocks are appended."""
-
-    req_ids: list[str]
-    new_block_ids: list[tuple[list[int], ...] | None]
-    num_computed_tokens: list[int]
-
-
-def test_cached_request_without_resumed_ids_appends_its_blocks(side: SchedulerSide) -> None:
-    prompt, spans = layout((HEADER, HEADER_IDS), (A, A_IDS), (C, QUESTION))
-    req = request("v034", prompt, RequestParams("alice", LAYOUT, capture=tuple(spans[:2])))
-    schedule(side, req, [11], chunk=16)  # computes [0, 16)
-    cached = CachedRequestData034([req.request_id], [([12],)], [req.num_computed_tokens])
-    plan = side.build_plan([], cached, {req.request_id: 4})  # [16, 20): A ends at 20
-    assert plan.captures == [CaptureOp("v034", [11, 12], [spans[1]])]
 
 
 def test_two_requests_in_one_step(primed: SchedulerSide) -> None:
@@ -455,11 +419,9 @@ def test_two_requests_in_one_step(primed: SchedulerSide) -> None:
     claimed = primed.num_matched_tokens(inj, 0)
     primed.after_alloc(inj, [1, 2], claimed)
     primed.after_alloc(cap, [3, 4], 0)
-    inj.num_computed_tokens = claimed
-    new = [NewRequestData.from_request(r, (b,)) for r, b in ((inj, [1, 2]), (cap, [3, 4]))]
-    plan = primed.build_plan(new, CachedRequestData.make_empty(),
-                             {"inj": inj.num_prompt_tokens - claimed,
-                              "cap2": cap.num_prompt_tokens})
+    plan = primed.build_plan([
+        ScheduledRequest("inj", claimed, len(inj.prompt_token_ids) - claimed, None, False),
+        ScheduledRequest("cap2", 0, len(cap.prompt_token_ids), None, False)])
     assert plan.loads == [LoadOp("inj", [1, 2], [(HEADER, 0, 8, 0), (B, 0, 10, 8)])]
     assert plan.captures == [CaptureOp("cap2", [3, 4], [spans[1]])]
 
@@ -475,7 +437,7 @@ def test_num_matched_tokens_is_side_effect_free(primed: SchedulerSide) -> None:
     assert primed.num_matched_tokens(req, 16) == 14
     assert primed.facts.device == before
     # nothing was planned: no load before update_state_after_alloc
-    assert primed.build_plan([], CachedRequestData.make_empty(), {}).is_empty()
+    assert primed.build_plan([]).is_empty()
     # and nothing is reported for a request that was only asked about
     assert primed.finished(req) is None
 
@@ -485,11 +447,45 @@ def test_finished_without_scheduling_reports_nothing(side: SchedulerSide) -> Non
     assert side.finished(req) is None
 
 
-# -- through the connector class vLLM instantiates ---------------------------------------
+# -- through the connector class vLLM instantiates, with vLLM's own records -----------------
+
+
+def vllm_request(view: RequestView) -> Any:
+    """vLLM's ``Request`` of a view: its params in ``SamplingParams.extra_args``."""
+    from vllm import SamplingParams
+    from vllm.v1.request import Request
+
+    raw = view.kv_transfer_params
+    extra = {"kv_transfer_params": raw} if raw is not None else None
+    return Request(view.request_id, list(view.prompt_token_ids),
+                   SamplingParams(max_tokens=1, extra_args=extra), None,
+                   cache_salt=view.cache_salt)
+
+
+def scheduler_output(scheduled: dict[str, int], new: tuple[tuple[Any, list[int]], ...] = (),
+                     cached: tuple[tuple[Any, list[int] | None], ...] = (),
+                     resumed: frozenset[str] = frozenset()) -> Any:
+    """vLLM's ``SchedulerOutput`` of a step: ``new`` requests with all their blocks,
+    ``cached`` ones (running, or ``resumed``) with the blocks the step adds."""
+    from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
+
+    output = SchedulerOutput.make_empty()
+    output.scheduled_new_reqs = [NewRequestData.from_request(req, (blocks,))
+                                 for req, blocks in new]
+    data = CachedRequestData.make_empty()
+    data.req_ids = [req.request_id for req, _ in cached]
+    data.new_block_ids = [(blocks,) if blocks is not None else None for _, blocks in cached]
+    data.num_computed_tokens = [req.num_computed_tokens for req, _ in cached]
+    if resumed:
+        data.resumed_req_ids = set(resumed)
+    output.scheduled_cached_reqs = data
+    output.num_scheduled_tokens = scheduled
+    return output
 
 
 @pytest.fixture(scope="module")
 def vllm_config() -> Any:
+    pytest.importorskip("vllm")
     from vllm.config import VllmConfig
 
     from inferscale_memory.connector import kv_transfer_config
@@ -497,33 +493,47 @@ def vllm_config() -> Any:
     return VllmConfig(kv_transfer_config=kv_transfer_config())
 
 
-def test_connector_shim_with_real_vllm_objects(vllm_config: Any) -> None:
+@pytest.fixture
+def connector(vllm_config: Any) -> Any:
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+
+    from inferscale_memory.connector.connector import InferScaleConnector
+
+    return InferScaleConnector(vllm_config, KVConnectorRole.SCHEDULER, None)
+
+
+def admit(connector: Any, req: Any, block_ids: list[int], local_hit: int = 0) -> int:
+    """vLLM's scheduler admitting ``req``: asks for its match (twice: asking changes
+    nothing), allocates its blocks; returns the tokens claimed."""
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
     from vllm.v1.core.kv_cache_utils import KVCacheBlock
-    from vllm.v1.core.sched.output import SchedulerOutput
 
-    from inferscale_memory.connector.connector import InferScaleConnector, InferScaleMetadata
+    claimed, is_async = connector.get_num_new_matched_tokens(req, local_hit)
+    assert is_async is False  # loads must finish before the forward pass
+    assert connector.get_num_new_matched_tokens(req, local_hit) == (claimed, False)
+    blocks = KVCacheBlocks(blocks=([KVCacheBlock(i) for i in block_ids],))
+    connector.update_state_after_alloc(req, blocks, claimed)
+    req.num_computed_tokens = local_hit + claimed
+    return claimed
 
-    connector = InferScaleConnector(vllm_config, KVConnectorRole.SCHEDULER, None)
 
-    def step(req: Request, block_ids: list[int]) -> tuple[int, StepPlan]:
-        claimed, is_async = connector.get_num_new_matched_tokens(req, 0)
-        assert is_async is False  # loads must finish before the forward pass
-        # asking twice changes nothing
-        assert connector.get_num_new_matched_tokens(req, 0) == (claimed, False)
-        blocks = KVCacheBlocks(blocks=([KVCacheBlock(i) for i in block_ids],))
-        connector.update_state_after_alloc(req, blocks, claimed)
-        req.num_computed_tokens = claimed
-        output = SchedulerOutput.make_empty()
-        output.scheduled_new_reqs = [NewRequestData.from_request(req, (block_ids,))]
-        output.num_scheduled_tokens = {req.request_id: req.num_prompt_tokens - claimed}
-        meta = connector.build_connector_meta(output)
-        assert isinstance(meta, InferScaleMetadata)
-        return claimed, meta.plan
+def step_plan(connector: Any, output: Any) -> StepPlan:
+    from inferscale_memory.connector.connector import InferScaleMetadata
+
+    meta = connector.build_connector_meta(output)
+    assert isinstance(meta, InferScaleMetadata)
+    return meta.plan
+
+
+def test_connector_shim_with_real_vllm_objects(connector: Any) -> None:
+    def step(req: Any, block_ids: list[int]) -> tuple[int, StepPlan]:
+        claimed = admit(connector, req, block_ids)
+        scheduled = {req.request_id: req.num_prompt_tokens - claimed}
+        return claimed, step_plan(connector, scheduler_output(scheduled, new=((req, block_ids),)))
 
     prompt, spans = layout((HEADER, HEADER_IDS), (A, A_IDS))
-    cap = request("cap", prompt + QUESTION, RequestParams("alice", LAYOUT, capture=tuple(spans)))
+    cap = vllm_request(request("cap", prompt + QUESTION,
+                               RequestParams("alice", LAYOUT, capture=tuple(spans))))
     claimed, plan = step(cap, [5, 6])
     assert claimed == 0 and plan.captures == [CaptureOp("cap", [5, 6], spans)]
     delay, report = connector.request_finished(cap, [5, 6])
@@ -531,12 +541,39 @@ def test_connector_shim_with_real_vllm_objects(vllm_config: Any) -> None:
     assert report == {PARAMS_KEY: {"captured": [["", HEADER.name], ["alice", "fa"]],
                                    "injected_tokens": 0, "missing": []}}
 
-    inj = inject_request("inj", ((HEADER, HEADER_IDS), (A, A_IDS)))
+    inj = vllm_request(inject_request("inj", ((HEADER, HEADER_IDS), (A, A_IDS))))
     claimed, plan = step(inj, [7, 8])
     assert claimed == 20
     assert plan.loads == [LoadOp("inj", [7, 8], [(HEADER, 0, 8, 0), (A, 0, 12, 8)])]
     assert connector.request_finished(inj, [7, 8])[1] == {
         PARAMS_KEY: {"captured": [], "injected_tokens": 20, "missing": []}}
+
+
+def test_connector_shim_follows_a_chunked_then_preempted_capture(connector: Any) -> None:
+    from vllm.v1.core.sched.output import CachedRequestData
+
+    prompt, spans = layout((HEADER, HEADER_IDS), (A, A_IDS), (B, B_IDS), (C, QUESTION))
+    req = vllm_request(request("chunk", prompt,
+                               RequestParams("alice", LAYOUT, capture=tuple(spans[:3]))))
+    admit(connector, req, [11])
+    plan = step_plan(connector, scheduler_output({"chunk": 16}, new=((req, [11]),)))
+    assert plan.captures == [CaptureOp("chunk", [11], [spans[0]])]  # [0, 16)
+    req.num_computed_tokens = 16
+    plan = step_plan(connector, scheduler_output({"chunk": 4}, cached=((req, [12]),)))
+    assert plan.captures == [CaptureOp("chunk", [11, 12], [spans[1]])]  # [16, 20)
+    # Preempted, then admitted again from scratch with other blocks: listed among the
+    # cached requests as resumed, or (vLLM 0.34, which has no resumed_req_ids) as new.
+    req.num_computed_tokens = 0
+    admit(connector, req, [21, 22, 23])
+    if hasattr(CachedRequestData.make_empty(), "resumed_req_ids"):
+        output = scheduler_output({"chunk": 40}, cached=((req, [21, 22, 23]),),
+                                  resumed=frozenset({"chunk"}))
+    else:
+        output = scheduler_output({"chunk": 40}, new=((req, [21, 22, 23]),))
+    assert step_plan(connector, output).captures == [
+        CaptureOp("chunk", [21, 22, 23], [spans[2]])]
+    report = connector.request_finished(req, [21, 22, 23])[1]
+    assert ConnectorReport.from_output(report).captured == (HEADER, A, B)
 
 
 # -- a fact recaptured with other tokens while injections are scheduled -------------------
@@ -766,9 +803,8 @@ def test_a_fact_loaded_in_the_step_is_never_moved_to_make_room() -> None:
     prompt, spans = layout((HEADER, HEADER_IDS), (C, C_IDS), (FactKey("alice", "q"), QUESTION))
     cap = request("cap2", prompt, RequestParams("alice", LAYOUT, capture=tuple(spans[:-1])))
     side.after_alloc(cap, [4, 5, 6], side.num_matched_tokens(cap, 0))
-    plan = side.build_plan(
-        [NewRequestData.from_request(r, ([1, 2, 3],)) for r in (inject, cap)],
-        CachedRequestData.make_empty(), {"r": 10, "cap2": len(prompt)})
+    plan = side.build_plan([ScheduledRequest("r", 0, 10, None, False),
+                            ScheduledRequest("cap2", 0, len(prompt), None, False)])
     assert plan.moves == []  # A stays; C found no room and is not captured
     assert [span.key for op in plan.captures for span in op.spans] == []
     assert [piece[0] for op in plan.loads for piece in op.pieces] == [HEADER, A]
@@ -809,7 +845,7 @@ def test_a_fact_whose_load_failed_is_forgotten_reported_missing_and_recaptured()
     assert set(side.facts.device) == {HEADER, A, B}
     side.load_failed({8})  # positions 16..31: the end of A and B
     assert set(side.facts.device) == {HEADER}
-    evicts = side.build_plan([], CachedRequestData.make_empty(), {}).evicts
+    evicts = side.build_plan([]).evicts
     assert set(evicts) == {A, B}  # whatever is left of them on the workers
     report = side.finished(req)
     assert report is not None
@@ -842,7 +878,7 @@ def test_a_deleted_fact_loaded_in_the_step_keeps_its_rows_until_the_step_ends() 
     side.after_alloc(delete, [3], side.num_matched_tokens(delete, 0))
     wants_a = inject_request("r2", ((HEADER, HEADER_IDS), (A, A_IDS)))
     side.after_alloc(wants_a, [4, 5], side.num_matched_tokens(wants_a, 0))
-    plan = side.build_plan([], CachedRequestData.make_empty(), {})
+    plan = side.build_plan([])
     assert (PROMOTE, A) not in plan.moves  # 8 + 10 (B, until its load) + 12 > 25
     assert A in side.facts.host and plan.evicts == [B]
     # The next step has B's rows.
@@ -1014,6 +1050,7 @@ def test_a_step_plan_crosses_to_other_worker_processes_intact(primed: SchedulerS
     # keys (hashable, equal, of their own type), so the workers' pools still find them.
     import pickle
 
+    pytest.importorskip("vllm")
     from inferscale_memory.connector.connector import InferScaleMetadata
 
     req = inject_request("p", ((HEADER, HEADER_IDS), (A, A_IDS), (B, B_IDS)))
