@@ -110,29 +110,8 @@ class VllmRuntime:
         logger.info("vLLM ready in %.1f s", self.start_s)
 
     async def _start(self) -> Any:
-        from inferscale_memory.connector import kv_transfer_config
-
         frontend.check_vllm_version()
-        args = dict(
-            model=str(self.model_path),
-            max_model_len=self.max_model_len,  # None: the model's own context
-            dtype=self.config.dtype,
-            seed=self.config.seed,
-            enforce_eager=self.config.enforce_eager,
-            tensor_parallel_size=self.config.tensor_parallel_size,
-            gpu_memory_utilization=self.config.gpu_memory_utilization,
-            enable_prefix_caching=True,
-            # Guided decoding (tools, response_format) writes compact JSON: with any
-            # whitespace allowed, a small model can spend max_tokens on it. vLLM 0.26 and
-            # 0.32 read this engine-wide, not per request, and only for a named backend
-            # (xgrammar: vLLM's default under "auto").
-            structured_outputs_config=frontend.compact_json_outputs_config(),
-        )
-        if self.connector:
-            args["kv_transfer_config"] = kv_transfer_config(
-                {"pool_bytes": int(self.config.kv_pool_gb * (1 << 30)),
-                 "host_pool_bytes": int(self.config.kv_host_pool_gb * (1 << 30))})
-        args.update(self.config.engine_args)
+        args = engine_arguments(self.model_path, self.config, connector=self.connector)
         lifeline.mark_owner()  # vLLM's processes end with this one (inferscale_memory.lifeline)
         self.socket_folder = frontend.new_socket_folder()
         return frontend.start_async_llm(
@@ -416,6 +395,37 @@ def _close_open_runtimes() -> None:
     for runtime in list(_open):
         with contextlib.suppress(Exception):
             runtime.close()
+
+
+def engine_arguments(model_path: Path, config: MemoryConfig, *, connector: bool = True
+                     ) -> dict[str, Any]:
+    """The ``AsyncEngineArgs`` keywords of an engine on ``model_path``: the package's
+    settings, then the user's ``config.engine_args`` over them. ``connector=False``: plain
+    vLLM with the same arguments (:class:`VllmRuntime`)."""
+    from inferscale_memory.connector import kv_transfer_config
+
+    args = dict(
+        model=str(model_path),
+        max_model_len=config.max_model_len,  # None: the model's own context
+        dtype=config.dtype,
+        seed=config.seed,
+        enforce_eager=config.enforce_eager,
+        tensor_parallel_size=config.tensor_parallel_size,
+        gpu_memory_utilization=config.gpu_memory_utilization,
+        enable_prefix_caching=True,
+        # Guided decoding (tools, response_format) writes compact JSON: with any
+        # whitespace allowed, a small model can spend max_tokens on it. vLLM 0.26 and
+        # 0.32 read this engine-wide, not per request, and only for a named backend
+        # (xgrammar: vLLM's default under "auto").
+        structured_outputs_config=frontend.compact_json_outputs_config(),
+        **frontend.front_end_settings(),
+    )
+    if connector:
+        args["kv_transfer_config"] = kv_transfer_config(
+            {"pool_bytes": int(config.kv_pool_gb * (1 << 30)),
+             "host_pool_bytes": int(config.kv_host_pool_gb * (1 << 30))})
+    args.update(config.engine_args)
+    return args
 
 
 def request_salt(user: str | None, params: RequestParams | None) -> str:

