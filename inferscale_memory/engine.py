@@ -163,6 +163,13 @@ class MemoryEngine:
                 ``parallel_tool_calls`` and ``response_format`` (``json_object``,
                 ``json_schema``): see :mod:`inferscale_memory.tools`. Tool calls come back
                 in :attr:`ChatResult.tool_calls`.
+
+        Raises:
+            InvalidInputError: Arguments the engine refuses (:class:`ContextLengthError`
+                past the context, :class:`SchemaError` for a schema that cannot guide
+                decoding).
+            RequestFailedError: vLLM failed this request (``finish_reason`` "error") and
+                goes on serving; sending it again may succeed.
         """
         return self.runtime.run(self._achat(messages, user_id=user_id, k=k, mode=mode,
                                             **options))
