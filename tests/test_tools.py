@@ -257,3 +257,22 @@ def test_tool_messages_render_after_the_memory_span(qwen: Any) -> None:
 def test_bad_tool_messages_are_refused(message: dict[str, Any], match: str) -> None:
     with pytest.raises(InvalidInputError, match=match):
         validate_messages([message])
+
+
+# The public names of inferscale_memory/tools.py before it was split by noun (issue 32):
+# the engine, the server, the adapters and users import them from inferscale_memory.tools.
+TOOLS_NAMES = {
+    "OWN_TOOL_PARSER", "PROBE_TOOL", "RESPONSE_FORMATS", "TEMPLATE_PARSERS", "TOOL_CHOICES",
+    "TOOL_MODELS", "TOOL_NAME", "TOOL_PROMPT", "ToolCall", "ToolCallDelta", "ToolRequest",
+    "ToolStream", "call_text", "check_tool_calls", "check_tool_request", "format_parser",
+    "new_call_id", "own_template_messages", "refuse_without_template", "split_call_lists",
+    "template_messages", "template_renders_tools", "tool_prompt",
+}
+
+
+def test_every_name_of_the_tools_module_is_still_imported_from_it() -> None:
+    import inferscale_memory.tools as tools
+
+    assert set(tools.__all__) == TOOLS_NAMES
+    missing = [name for name in TOOLS_NAMES if not hasattr(tools, name)]
+    assert not missing, missing

@@ -158,7 +158,7 @@ def _sampling_params() -> None:
     from inferscale_memory.driver.frontend import delta_sampling_params
 
     extra = {"kv_transfer_params": {"inferscale": {"user": "u"}}}
-    # every keyword runtime.stream passes, and each structured_outputs form tools.py makes
+    # every keyword runtime.stream passes, and each structured_outputs form tools/request.py makes
     for guided in (None, {"json": {"type": "object"}}, {"json_object": True}):
         sampling = delta_sampling_params(
             max_tokens=3, temperature=0.0, stop=["x"], logprobs=2, seed=1, extra_args=extra,
@@ -181,7 +181,7 @@ def _tool_request() -> None:
 def _tool_parsers() -> None:
     from vllm.tool_parsers import ToolParserManager
 
-    from inferscale_memory.tools import OWN_TOOL_PARSER, TEMPLATE_PARSERS
+    from inferscale_memory.driver.tool_parsing import OWN_TOOL_PARSER, TEMPLATE_PARSERS
 
     for name in {OWN_TOOL_PARSER, *(parser for _, parser in TEMPLATE_PARSERS)}:
         parser = ToolParserManager.get_tool_parser(name)
