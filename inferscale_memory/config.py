@@ -89,12 +89,17 @@ class MemoryConfig(BaseSettings):
         kv_cache_gb: KV cache of the CPU engine in whole GiB (vLLM's ``VLLM_CPU_KVCACHE_SPACE``).
         kv_pool_gb: Budget of the captured facts' KV on each engine device (outside vLLM's
             own cache), in GiB. Beyond it the least recently used facts are evicted; an
-            answer that names an evicted fact computes it from text and recaptures it.
+            answer that names an evicted fact computes it from text and recaptures it. On a
+            GPU it comes out of what ``gpu_memory_utilization`` leaves, and needs up to twice
+            its budget while it grows: :func:`inferscale_memory.sizing.check_memory` refuses
+            a pool that cannot fit (docs/scaling.md, "Sizing the pool").
         kv_host_pool_gb: Optional host-memory tier under ``kv_pool_gb``, in GiB per engine
             device (0, the default: none). Facts evicted from the device pool are moved
             there (least recently used leave it in turn) and copied back when an answer
-            names them, instead of being recomputed. Pinned memory on CUDA.
-        gpu_memory_utilization: Fraction of GPU memory vLLM may use (GPU engines).
+            names them, instead of being recomputed. Pinned memory on CUDA, up to twice
+            the budget per GPU while it grows.
+        gpu_memory_utilization: Fraction of GPU memory vLLM may use (GPU engines) for the
+            weights, its activations and its own KV cache; the fact pool lives in the rest.
         dtype: Model dtype given to vLLM (``"auto"``, ``"bfloat16"``, ...).
         enforce_eager: Disable CUDA graphs / torch.compile (faster start, slower steps).
         tensor_parallel_size: vLLM tensor parallelism. On a CPU with one NUMA node, set

@@ -35,6 +35,29 @@ def _names(text: str) -> list[str]:
     return [part.strip() for part in text.split(",") if part.strip()]
 
 
+KV_CACHE_DTYPES = ("auto", "fp8")  # vLLM's kv_cache_dtype values the benchmarks offer
+
+
+def _kv_cache_dtypes(text: str) -> list[str]:
+    names = _names(text)
+    unknown = [name for name in names if name not in KV_CACHE_DTYPES]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated values of {', '.join(KV_CACHE_DTYPES)}, got {text!r}")
+    return names
+
+
+def _shapes(text: str) -> list[str]:
+    from inferscale_memory.bench.shapes import SHAPES
+
+    names = _names(text)
+    unknown = [name for name in names if name not in SHAPES]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"unknown shape(s) {', '.join(unknown) or text!r}; known: {', '.join(SHAPES)}")
+    return names
+
+
 def add_bench_parser(commands: Any) -> None:
     """Add ``bench`` and its workloads to the top-level subparsers."""
     bench = commands.add_parser("bench", help="benchmarks (each writes a run folder)")
@@ -69,6 +92,9 @@ def add_bench_parser(commands: Any) -> None:
     locomo.add_argument("--sequential", type=int, default=3, metavar="Q",
                         help="questions per conversation answered one request at a time "
                              "first: the TTFT of the report is theirs (with --concurrency > 1)")
+    locomo.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default=None,
+                        help="vLLM's KV cache dtype, on both paths (default: the config's "
+                             "engine_args, else auto: the model's dtype)")
     locomo.add_argument("--text-from", type=Path, default=None, metavar="RUN_DIR",
                         help="reuse the text-path records of a run with the same questions, "
                              "facts and prompt order (the text path does not depend on "
@@ -141,7 +167,16 @@ def _index(args: argparse.Namespace) -> int:
 def _add_synthetic(workloads: Any) -> None:
     synthetic = workloads.add_parser(
         "synthetic", help="token-level TTFT/throughput on a model shape with dummy weights")
-    synthetic.add_argument("--shape", default="llama-3.1-8b")
+    synthetic.add_argument("--shape", type=_shapes, default=["llama-3.1-8b"],
+                           help="model shape(s), comma-separated (several: one report each, "
+                                "--out holds them all and a table is printed)")
+    synthetic.add_argument("--kv-cache-dtype", type=_kv_cache_dtypes, default=None,
+                           metavar="{auto,fp8}[,...]",
+                           help="vLLM's KV cache dtype(s), comma-separated: each shape runs "
+                                "with each (default: --engine-args' kv_cache_dtype, else auto)")
+    synthetic.add_argument("--kv-pool-gb", type=float, default=None,
+                           help="the fact pool's budget per GPU (default: room for every fact "
+                                "the run captures)")
     synthetic.add_argument("--k", default="0,10,20,50,100")
     synthetic.add_argument("--trials", type=int, default=10)
     synthetic.add_argument("--concurrency", type=int, default=64)
@@ -204,7 +239,7 @@ def run_bench(args: argparse.Namespace) -> int:
         os.environ[TIMING_ENV] = str(loads.path)  # the engine's processes inherit it
     quality = {name: getattr(args, name, None)
                for name in QUALITY_FIELDS}
-    with _engine(args.model, **quality) as engine:
+    with _engine(args.model, **quality, **_kv_cache_override(args)) as engine:
         print(f"engine: {engine.model_name} started in {engine.runtime.start_s:.1f} s",
               flush=True)
         progress = not args.no_progress
@@ -228,6 +263,16 @@ def run_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _kv_cache_override(args: argparse.Namespace) -> dict[str, Any]:
+    """``engine_args`` with ``--kv-cache-dtype`` over the config's (env, file) own."""
+    dtype = getattr(args, "kv_cache_dtype", None)
+    if dtype is None:
+        return {}
+    from inferscale_memory.config import MemoryConfig
+
+    return {"engine_args": {**MemoryConfig.load().engine_args, "kv_cache_dtype": dtype}}
+
+
 def _print_run(run: RunFolder) -> None:
     from inferscale_memory.bench.report import TABLES
 
@@ -237,14 +282,26 @@ def _print_run(run: RunFolder) -> None:
 
 
 def _synthetic(args: argparse.Namespace) -> int:
+    from inferscale_memory.bench.sweep import format_sweep, run_sweep
     from inferscale_memory.bench.synthetic import format_report, run_synthetic
 
-    report = run_synthetic(args.shape, [int(k) for k in args.k.split(",")], args.trials,
-                           args.concurrency, args.output_len, args.workdir,
-                           connector_timing=args.connector_timing,
-                           gpu_memory_utilization=args.gpu_memory_utilization,
-                           tensor_parallel_size=args.tensor_parallel_size,
-                           recompute_tail=args.recompute_tail, out=args.out,
-                           vllm_floor=args.vllm_floor, engine_args=args.engine_args)
-    print(format_report(report))
-    return 0
+    ks = [int(k) for k in args.k.split(",")]
+    options: dict[str, Any] = dict(
+        ks=ks, trials=args.trials, concurrency=args.concurrency, output_len=args.output_len,
+        workdir=args.workdir, connector_timing=args.connector_timing,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        tensor_parallel_size=args.tensor_parallel_size, recompute_tail=args.recompute_tail,
+        vllm_floor=args.vllm_floor, engine_args=args.engine_args)
+    if args.kv_pool_gb is not None:
+        options["kv_pool_gb"] = args.kv_pool_gb
+    dtypes = args.kv_cache_dtype or [args.engine_args.get("kv_cache_dtype") or "auto"]
+    if len(args.shape) * len(dtypes) == 1:
+        print(format_report(run_synthetic(args.shape[0], kv_cache_dtype=dtypes[0],
+                                          out=args.out, **options)))
+        return 0
+    runs = run_sweep(args.shape, dtypes, args.out, run_synthetic, **options)
+    for report in runs:
+        if "error" not in report:
+            print(format_report(report), end="\n\n")
+    print(format_sweep(runs, ks))
+    return 0 if all("error" not in report for report in runs) else 1

@@ -19,7 +19,7 @@ from inferscale_memory.bench.locomo import KEY as LOCOMO_KEY
 from inferscale_memory.bench.locomo import run_locomo
 from inferscale_memory.bench.locomo_dataset import load_locomo, select
 from inferscale_memory.bench.report import write_report
-from inferscale_memory.bench.run_folder import RunFolder
+from inferscale_memory.bench.run_folder import PARAM_DEFAULTS, RunFolder
 from inferscale_memory.bench.synthetic import LoadLog
 from inferscale_memory.bench.throughput import run_throughput
 from inferscale_memory.bench.ttft import run_ttft
@@ -27,7 +27,7 @@ from inferscale_memory.config import QUALITY_FIELDS
 from inferscale_memory.engine import MemoryEngine
 from inferscale_memory.errors import InvalidInputError
 
-LOCOMO_FIXED = ("memory", "max_tokens", "model", *QUALITY_FIELDS)
+LOCOMO_FIXED = ("memory", "max_tokens", "model", "kv_cache_dtype", *QUALITY_FIELDS)
 
 
 def bench_locomo(engine: MemoryEngine, dataset: str | Path, ks: Sequence[int] = (5, 10, 20, 50),
@@ -38,7 +38,8 @@ def bench_locomo(engine: MemoryEngine, dataset: str | Path, ks: Sequence[int] = 
                  concurrency: int = 1, sequential: int = 0) -> RunFolder:
     """LoCoMo answer quality and latency on both paths (see :mod:`.locomo`).
 
-    The engine's quality policy (``QUALITY_FIELDS``) is recorded with the parameters.
+    The engine's quality policy (``QUALITY_FIELDS``) and KV cache dtype (``engine_args``'
+    ``kv_cache_dtype``, ``"auto"``: the model's) are recorded with the parameters.
     ``text_from``: a run folder whose text-path records are reused (same dataset,
     questions, memory, answer length, model and fact order). ``concurrency`` requests are
     in flight at once, after the first ``sequential`` questions of each conversation were
@@ -51,6 +52,7 @@ def bench_locomo(engine: MemoryEngine, dataset: str | Path, ks: Sequence[int] = 
     params = {"dataset": Path(dataset).name, "k": list(ks), "limit": limit,
               "conversations": [c.sample_id for c in chosen], "seed": seed,
               "memory": memory, "max_tokens": max_tokens, "model": engine.model_name,
+              "kv_cache_dtype": engine.config.engine_args.get("kv_cache_dtype") or "auto",
               **{name: getattr(engine.config, name) for name in QUALITY_FIELDS}}
     run = RunFolder.create(out, "locomo", params, resume=resume, fixed=LOCOMO_FIXED)
     run.write_config(engine, **({"text_from": str(text_from)} if text_from else {}))
@@ -67,8 +69,9 @@ def bench_locomo(engine: MemoryEngine, dataset: str | Path, ks: Sequence[int] = 
 def reuse_text_rows(source: RunFolder, run: RunFolder, params: dict[str, Any]) -> int:
     """Copy ``source``'s text-path records of the same prompts into ``run``."""
     before = source.config()["params"]
-    same = ("dataset", "seed", "memory", "max_tokens", "model")
-    changed = [name for name in same if before.get(name) != params.get(name)]
+    same = ("dataset", "seed", "memory", "max_tokens", "model", "kv_cache_dtype")
+    changed = [name for name in same
+               if before.get(name, PARAM_DEFAULTS.get(name)) != params.get(name)]
     if before.get("fact_order", "rank") != params["fact_order"]:
         changed.append("fact_order")
     if changed:

@@ -51,7 +51,8 @@ def describe_run(config: dict[str, Any]) -> str:
                                                       else "")
     lines = [
         f"- command: `{latest.get('command', '?')}`",
-        f"- model: {model.get('name', '?')} ({model.get('dtype', '?')}); {vllm}, "
+        f"- model: {model.get('name', '?')} ({model.get('dtype', '?')}, KV cache "
+        f"{model.get('kv_cache_dtype', 'auto')}); {vllm}, "
         f"torch {versions.get('torch', '?')}; engine start {model.get('start_s', '?')} s",
         f"- machine: {machine.get('cpu', '?')}, {machine.get('cpu_count', '?')} CPUs; "
         f"GPU: {gpus}; {machine.get('platform', '?')}",

@@ -34,6 +34,8 @@ if TYPE_CHECKING:
 CONFIG, REQUESTS, SUMMARY, REPORT = "config.json", "requests.jsonl", "summary.json", "report.md"
 REPO = Path(__file__).resolve().parents[2]
 
+# Parameters recorded since a later version, with the value that runs recorded before had.
+PARAM_DEFAULTS = {"kv_cache_dtype": "auto"}
 
 class RunFolder:
     """One run's folder; see the module docstring for its files."""
@@ -66,7 +68,8 @@ class RunFolder:
     def _check_resumable(self, workload: str, params: dict[str, Any],
                          fixed: Iterable[str]) -> None:
         before = self.config()
-        changed = [name for name in fixed if before["params"].get(name) != params.get(name)]
+        changed = [name for name in fixed
+                   if before["params"].get(name, PARAM_DEFAULTS.get(name)) != params.get(name)]
         if before.get("workload") != workload or changed:
             raise InvalidInputError(f"cannot resume {self.path}: it was run with other "
                                     f"settings ({', '.join(changed) or 'workload'})")
@@ -94,6 +97,8 @@ class RunFolder:
                 config["model"] = {"name": engine.model_name,
                                    "path": str(engine.model_path),
                                    "dtype": engine.config.dtype,
+                                   "kv_cache_dtype": engine.config.engine_args.get(
+                                       "kv_cache_dtype") or "auto",
                                    "max_model_len": engine.max_model_len,
                                    "start_s": round(engine.runtime.start_s, 1)}
         self._write_json(CONFIG, config)

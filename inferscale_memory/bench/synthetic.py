@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import math
 import os
 import random
 import statistics
@@ -19,6 +20,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from inferscale_memory import sizing
+from inferscale_memory.bench.shapes import SHAPES as SHAPES
+from inferscale_memory.bench.shapes import shape_config, weights_dtype, write_dummy_model
+from inferscale_memory.bench.shapes import write_random_model as write_random_model
 from inferscale_memory.config import MemoryConfig
 from inferscale_memory.connector.worker import TIMING_ENV
 from inferscale_memory.layout import tail_size
@@ -28,85 +33,14 @@ from inferscale_memory.tokens import TokenFacts, TokenRequest
 USER = "bench"
 LAYOUT = "synthetic"
 
-SHAPES: dict[str, dict[str, Any]] = {
-    "llama-3.1-8b": dict(
-        architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=4096,
-        intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
-        num_key_value_heads=8, head_dim=128, vocab_size=128256, max_position_embeddings=8192,
-        rms_norm_eps=1e-5, rope_theta=500000.0, torch_dtype="bfloat16", hidden_act="silu",
-        rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
-                          high_freq_factor=4.0, original_max_position_embeddings=8192),
-        bos_token_id=1, eos_token_id=2, tie_word_embeddings=False),
-    "llama-tiny": dict(
-        architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=1024,
-        intermediate_size=2816, num_hidden_layers=4, num_attention_heads=8,
-        num_key_value_heads=4, head_dim=128, vocab_size=32000, max_position_embeddings=4096,
-        rms_norm_eps=1e-5, rope_theta=10000.0, torch_dtype="bfloat16", hidden_act="silu",
-        bos_token_id=1, eos_token_id=2, tie_word_embeddings=False),
-}
-
-
-def write_dummy_model(folder: Path, shape: str,
-                      overrides: dict[str, Any] | None = None) -> Path:
-    """A model folder holding only ``config.json`` (use with ``load_format="dummy"``);
-    ``overrides`` change fields of the shape (e.g. ``vocab_size`` for another tokenizer)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.json").write_text(json.dumps({**SHAPES[shape], **(overrides or {})},
-                                                   indent=2))
-    return folder
-
-
-def write_random_model(folder: Path, shape: str, seed: int = 0,
-                       overrides: dict[str, Any] | None = None) -> Path:
-    """A model folder with random weights of usable scale (a Llama-like ``shape``).
-
-    vLLM's ``load_format="dummy"`` draws every weight, norms included, from
-    U(-1e-3, 1e-3): its logits are uniform to ~1e-6, so comparing answers of two paths
-    proves nothing. Here norms are 1 and matrices N(0, 1/fan_in), so the logits depend
-    on every attended key and value. Load with ``load_format="safetensors"``.
-    """
-    import torch
-    from safetensors.torch import save_file
-
-    write_dummy_model(folder, shape, overrides)
-    gen = torch.Generator().manual_seed(seed)
-    weights = {}
-    for name, size in _llama_tensors({**SHAPES[shape], **(overrides or {})}).items():
-        if len(size) == 1:
-            weights[name] = torch.ones(size, dtype=torch.bfloat16)
-        else:  # embeddings N(0, 1), projections N(0, 1/fan_in)
-            scale = 1.0 if "embed_tokens" in name else size[1] ** -0.5
-            weights[name] = torch.randn(size, generator=gen, dtype=torch.bfloat16) * scale
-    save_file(weights, str(folder / "model.safetensors"))
-    return folder
-
-
-def _llama_tensors(cfg: dict[str, Any]) -> dict[str, tuple[int, ...]]:
-    """Tensor names and shapes of a Hugging Face Llama checkpoint."""
-    hidden, inter, dim = cfg["hidden_size"], cfg["intermediate_size"], cfg["head_dim"]
-    q, kv = cfg["num_attention_heads"] * dim, cfg["num_key_value_heads"] * dim
-    sizes = {"model.embed_tokens.weight": (cfg["vocab_size"], hidden),
-             "model.norm.weight": (hidden,), "lm_head.weight": (cfg["vocab_size"], hidden)}
-    for i in range(cfg["num_hidden_layers"]):
-        layer = f"model.layers.{i}."
-        sizes.update({
-            layer + "self_attn.q_proj.weight": (q, hidden),
-            layer + "self_attn.k_proj.weight": (kv, hidden),
-            layer + "self_attn.v_proj.weight": (kv, hidden),
-            layer + "self_attn.o_proj.weight": (hidden, q),
-            layer + "mlp.gate_proj.weight": (inter, hidden),
-            layer + "mlp.up_proj.weight": (inter, hidden),
-            layer + "mlp.down_proj.weight": (hidden, inter),
-            layer + "input_layernorm.weight": (hidden,),
-            layer + "post_attention_layernorm.weight": (hidden,)})
-    return sizes
-
-
 def dummy_runtime(folder: Path, connector: bool = True, **config: Any) -> VllmRuntime:
+    """vLLM with dummy weights on ``folder``; the config is checked first, the fact pool's
+    size beside vLLM's share of the device included (:func:`sizing.check_memory`)."""
     engine_args = {"load_format": "dummy", "skip_tokenizer_init": True,
                    **config.pop("engine_args", {})}
-    return VllmRuntime(folder, MemoryConfig(model=str(folder), engine_args=engine_args,
-                                            **config), connector=connector)
+    memory_config = MemoryConfig(model=str(folder), engine_args=engine_args, **config)
+    sizing.check_memory(memory_config, folder)
+    return VllmRuntime(folder, memory_config, connector=connector)
 
 
 class SyntheticWorkload:
@@ -265,17 +199,27 @@ def write_json(path: Path, value: Any) -> None:
         tmp.unlink(missing_ok=True)
 
 
+WARMUP_CAPTURES = 8
+
+
+def capture_count(ks: list[int], concurrency: int) -> int:
+    """Facts :func:`measure_synthetic` captures after its warm-up: enough that the sweep's
+    and the throughput batch's samples rarely repeat."""
+    return max(200, max(ks) * 4, concurrency * 2)
+
+
 async def measure_synthetic(work: SyntheticWorkload, shape: str, ks: list[int], trials: int,
                             concurrency: int, output_len: int, recompute_tail: int,
                             loads: LoadLog | None = None,
-                            save: Callable[[dict[str, Any]], None] | None = None
-                            ) -> dict[str, Any]:
+                            save: Callable[[dict[str, Any]], None] | None = None,
+                            details: dict[str, Any] | None = None) -> dict[str, Any]:
     """Capture rate, TTFT sweep and one-shot throughput on ``work``'s runtime.
 
     ``save`` gets the report after every measured point (the capture rate, each (k, trial)
     pair of the sweep, each path's throughput); ``complete`` is false until the last.
+    ``details`` (the run's settings) head the report.
     """
-    report: dict[str, Any] = {"shape": shape, "complete": False,
+    report: dict[str, Any] = {"shape": shape, **(details or {}), "complete": False,
                               "recompute_tail": recompute_tail, "ttft": []}
 
     def point(**values: Any) -> None:
@@ -283,8 +227,8 @@ async def measure_synthetic(work: SyntheticWorkload, shape: str, ks: list[int], 
         if save is not None:
             save(report)
 
-    await work.capture(8)  # warm-up
-    count = max(200, max(ks) * 4, concurrency * 2)
+    await work.capture(WARMUP_CAPTURES)
+    count = capture_count(ks, concurrency)
     point(capture_facts_per_s=count / await work.capture(count))
     for mode in ("kv", "text"):  # warm-up of both paths
         await work.run(work.prompt(work.sample(max(ks))), mode)
@@ -303,7 +247,9 @@ async def measure_synthetic(work: SyntheticWorkload, shape: str, ks: list[int], 
 def run_synthetic(shape: str, ks: list[int], trials: int, concurrency: int, output_len: int,
                   workdir: Path, connector_timing: bool = False,
                   recompute_tail: int | None = None, out: Path | None = None,
-                  vllm_floor: bool = True, **config: Any) -> dict[str, Any]:
+                  vllm_floor: bool = True, kv_cache_dtype: str | None = None,
+                  save: Callable[[dict[str, Any]], None] | None = None,
+                  **config: Any) -> dict[str, Any]:
     """The whole synthetic report: capture rate, TTFT sweep, one-shot throughput, and
     (``vllm_floor``) the like-for-like vLLM floor, with the run's environment.
 
@@ -313,24 +259,40 @@ def run_synthetic(shape: str, ks: list[int], trials: int, concurrency: int, outp
     i.e. the default quality policy). ``out``: the report's JSON file, rewritten after
     every measured point (see :func:`measure_synthetic`), so a crash keeps what finished.
     ``vllm_floor`` then starts vLLM again with the same arguments and no connector and
-    times header + question alone (:func:`measure_floor`).
+    times header + question alone (:func:`measure_floor`). ``save``: instead of ``out``,
+    a function that keeps the report.
+
+    ``kv_cache_dtype`` (vLLM's engine argument; default ``engine_args``' or ``"auto"``) is
+    recorded with the pool's facts per GiB (:func:`pool_details`); without ``kv_pool_gb``
+    in ``config`` the pool gets room for every fact the run captures
+    (:func:`workload_pool_gb`).
     """
     tail = MemoryConfig.load().recompute_tail if recompute_tail is None else recompute_tail
+    engine_args = dict(config.pop("engine_args", {}))
+    kv_cache_dtype = kv_cache_dtype or engine_args.get("kv_cache_dtype") or "auto"
+    config["engine_args"] = {**engine_args, "kv_cache_dtype": kv_cache_dtype}
+    details = pool_details(shape, kv_cache_dtype, config.get("tensor_parallel_size", 1))
+    config.setdefault("kv_pool_gb", workload_pool_gb(
+        details["pool"]["kv_bytes_per_token"], WARMUP_CAPTURES + capture_count(ks, concurrency)))
+    details["pool"]["kv_pool_gb"] = config["kv_pool_gb"]
     loads = None
     if connector_timing:  # the engine's processes inherit the variable
         loads = LoadLog(workdir / "connector-timing.jsonl")
         os.environ[TIMING_ENV] = str(loads.path)
     folder = write_dummy_model(workdir / shape, shape)
     vocab = int(SHAPES[shape]["vocab_size"])
-    save = None if out is None else functools.partial(write_json, out)
-    runtime = dummy_runtime(folder, **config)
+    if save is None and out is not None:
+        save = functools.partial(write_json, out)
+    runtime = None
     try:
+        runtime = dummy_runtime(folder, **config)
         work = SyntheticWorkload(runtime, vocab, recompute_tail=tail)
         report = runtime.run(measure_synthetic(work, shape, ks, trials, concurrency,
-                                               output_len, tail, loads, save))
+                                               output_len, tail, loads, save, details))
         report["environment"] = run_environment(runtime)
     finally:
-        runtime.close()
+        if runtime is not None:
+            runtime.close()
         os.environ.pop(TIMING_ENV, None)
     if save is not None:
         save(report)
@@ -345,6 +307,26 @@ def run_synthetic(shape: str, ks: list[int], trials: int, concurrency: int, outp
         if save is not None:
             save(report)
     return report
+
+
+def pool_details(shape: str, kv_cache_dtype: str, tensor_parallel_size: int = 1
+                 ) -> dict[str, Any]:
+    """The run's weights and KV cache dtypes, and what one GPU's fact pool holds of
+    ``shape``'s 32-token facts (computed from the shape, not measured)."""
+    cfg = shape_config(shape)
+    token_bytes = sizing.ModelShape.from_hf_config(cfg).kv_bytes_per_token(
+        kv_cache_dtype, tensor_parallel_size)
+    return {"weights": weights_dtype(cfg), "kv_cache_dtype": kv_cache_dtype,
+            "pool": {"kv_bytes_per_token": token_bytes, "fact_tokens": sizing.FACT_TOKENS,
+                     "facts_per_gib": sizing.facts_per_gib(token_bytes)}}
+
+
+def workload_pool_gb(token_bytes: int, facts: int, fact_len: int = sizing.FACT_TOKENS,
+                     header_len: int = 32) -> float:
+    """A pool budget (GiB, in halves, at least 1) that holds ``facts`` facts and the header
+    with a quarter to spare, so that no fact of the run is evicted."""
+    need = (facts * fact_len + header_len) * token_bytes * 1.25
+    return max(1.0, math.ceil(2 * need / sizing.GIB) / 2)
 
 
 async def measure_floor(work: SyntheticWorkload, trials: int) -> dict[str, Any]:
@@ -394,6 +376,7 @@ def format_report(report: dict[str, Any]) -> str:
     """The report as Markdown: TTFT per k (cold and warm), throughput, and the floors."""
     lines = [f"shape {report['shape']}: capture {report['capture_facts_per_s']:.0f} facts/s; "
              f"the KV path computes a tail of {report.get('recompute_tail', 0)} facts",
+             *_pool_lines(report),
              "| k | text TTFT median (p90) ms | KV TTFT median (p90) ms | KV / text "
              "| warm: text / KV ms | KV / best text | connector load ms |",
              "|---|---|---|---|---|---|---|"]
@@ -413,6 +396,16 @@ def format_report(report: dict[str, Any]) -> str:
                  f"req/s, kv {t['kv']['requests_per_s']:.1f} req/s")
     lines += _floor_lines(report)
     return "\n".join(lines)
+
+
+def _pool_lines(report: dict[str, Any]) -> list[str]:
+    pool = report.get("pool")
+    if pool is None:
+        return []
+    return [f"weights {report['weights']}, KV cache {report['kv_cache_dtype']}: "
+            f"{pool['kv_bytes_per_token'] / 1024:g} KiB per token, {pool['facts_per_gib']:,} "
+            f"facts of {pool['fact_tokens']} tokens per GiB of pool (computed); "
+            f"kv_pool_gb {pool.get('kv_pool_gb', '-')}"]
 
 
 def _floor_lines(report: dict[str, Any]) -> list[str]:

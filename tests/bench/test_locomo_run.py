@@ -118,3 +118,43 @@ def test_text_path_reuse_needs_the_same_prompts(fake_engine: FakeEngine, locomo_
     fake_engine.config = fake_engine.config.replace(fact_order="time")
     with pytest.raises(InvalidInputError, match="fact_order"):
         run(fake_engine, locomo_file, tmp_path / "time", ks=(1,), limit=1, text_from=source)
+
+
+def test_the_kv_cache_dtype_is_recorded_and_fixed_for_resumes_and_reuse(
+        fake_engine: FakeEngine, locomo_file: Path, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    run(fake_engine, locomo_file, out, ks=(1,), limit=1)
+    config = json.loads((out / "config.json").read_text())
+    assert config["params"]["kv_cache_dtype"] == "auto"
+    assert config["model"]["kv_cache_dtype"] == "auto"
+    assert "KV cache auto" in (out / "report.md").read_text()
+    # a run with another cache (its text path differs too) is neither resumed nor reused
+    config["params"]["kv_cache_dtype"] = "fp8"
+    (out / "config.json").write_text(json.dumps(config))
+    with pytest.raises(InvalidInputError, match="kv_cache_dtype"):
+        run(fake_engine, locomo_file, out, ks=(1,), limit=1, resume=True)
+    with pytest.raises(InvalidInputError, match="kv_cache_dtype"):
+        run(fake_engine, locomo_file, tmp_path / "reuse", ks=(1,), limit=1, text_from=out)
+    # runs recorded before the parameter existed had the model's dtype
+    del config["params"]["kv_cache_dtype"]
+    (out / "config.json").write_text(json.dumps(config))
+    run(fake_engine, locomo_file, out, ks=(1,), limit=1, resume=True)
+    run(fake_engine, locomo_file, tmp_path / "reuse2", ks=(1,), limit=1, text_from=out)
+
+
+def test_the_command_line_kv_cache_dtype_goes_over_the_configs_engine_args(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import argparse
+
+    from inferscale_memory.bench.cli import _kv_cache_override, add_bench_parser
+
+    parser = argparse.ArgumentParser()
+    add_bench_parser(parser.add_subparsers(dest="command"))
+    monkeypatch.setenv("INFERSCALE_ENGINE_ARGS", '{"max_num_seqs": 8, "kv_cache_dtype": "auto"}')
+    args = parser.parse_args(["bench", "locomo", "--dataset", "x.json",
+                              "--kv-cache-dtype", "fp8"])
+    assert _kv_cache_override(args) == {
+        "engine_args": {"max_num_seqs": 8, "kv_cache_dtype": "fp8"}}
+    assert _kv_cache_override(parser.parse_args(["bench", "locomo", "--dataset", "x"])) == {}
+    with pytest.raises(SystemExit):
+        parser.parse_args(["bench", "locomo", "--dataset", "x", "--kv-cache-dtype", "int4"])
