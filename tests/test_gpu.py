@@ -210,8 +210,12 @@ def side(fmt, scales, use_fused):
     rows = torch.stack([torch.stack((k * (i + 1), v * (i + 1))) for i in range(LAYERS)])
     caches = [torch.zeros(2, NB, BS, HEADS, DIM, dtype=torch.uint8, device=dev)
               for _ in range(LAYERS)]
-    s._layers = [_Layer(f"l{i}", c.view(-1), cache_map, None, None) for i, c in enumerate(caches)]
+    modules = [SimpleNamespace(_k_scale_float=float(r[0, 0]), _v_scale_float=float(r[1, 0]))
+               for r in rows]
+    s._layers = [_Layer(f"l{i}", c.view(-1), cache_map, None, m)
+                 for i, (c, m) in enumerate(zip(caches, modules))]
     s._fp8 = Fp8Cache(fmt, rows.to(dev))
+    s._fp8_scales = s._scale_floats()
     s._slab = KVSlab(LAYERS, HEADS, DIM, torch.uint8, dev, capacity=64)
     s._shift = shift().on(dev)
     for n, (key, start) in enumerate(((A, 0), (B, 7))):
