@@ -146,17 +146,26 @@ def model_shape(model_path: Path, dtype: str = "auto") -> ModelShape | None:
 @dataclass(frozen=True)
 class Memory:
     """The memory an engine will run in: one of its GPUs (``gpu_bytes``; ``None`` on a CPU
-    engine) and the host's RAM."""
+    engine) and the host's RAM. ``gpu=True`` with ``gpu_bytes=None``: a GPU of unknown size
+    (nothing is checked)."""
 
     gpu_bytes: int | None
     host_bytes: int
+    gpu: bool | None = None  # None: a GPU exactly when gpu_bytes is known
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.gpu if self.gpu is not None else self.gpu_bytes is not None
 
 
 def probe_memory() -> Memory:
     """This machine's first visible GPU (through NVML, which leaves CUDA uninitialised in
-    this process, as vLLM needs to fork its workers) and its physical RAM."""
+    this process, as vLLM needs to fork its workers) and its physical RAM. A CUDA build of
+    torch makes it a GPU engine, of unknown size without NVML."""
+    import torch
+
     host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return Memory(_gpu_bytes(), host)
+    return Memory(_gpu_bytes(), host, gpu=torch.version.cuda is not None)
 
 
 def _gpu_bytes() -> int | None:
@@ -185,16 +194,19 @@ def check_memory(config: MemoryConfig, model_path: Path, memory: Memory | None =
 
     Called before vLLM starts; ``memory`` defaults to this machine's
     (:func:`probe_memory`). What cannot be known (a hub id's shape, a GPU without NVML) is
-    not checked.
+    not checked, nor the host tier of a GPU engine (:func:`host_tier_problem`).
 
     Raises:
         ConfigError: The message gives the numbers and the settings that would fit.
     """
     memory = memory or probe_memory()
     shape = model_shape(model_path, config.dtype)
-    problem = (gpu_problem(config, shape, memory.gpu_bytes) if memory.gpu_bytes
-               else cpu_problem(config, shape, memory.host_bytes))
-    problem = problem or host_tier_problem(config, shape, memory)
+    if not memory.is_gpu:
+        problem = cpu_problem(config, shape, memory.host_bytes)
+    elif memory.gpu_bytes:
+        problem = gpu_problem(config, shape, memory.gpu_bytes)
+    else:
+        problem = None
     if problem:
         raise ConfigError(f"{problem} (docs/scaling.md, 'Sizing the pool')")
 
@@ -269,31 +281,37 @@ def gpu_problem(config: MemoryConfig, shape: ModelShape | None, gpu_bytes: int) 
 def cpu_problem(config: MemoryConfig, shape: ModelShape | None, host_bytes: int
                 ) -> str | None:
     """Why the weights, vLLM's CPU cache and the fact pools of every worker (one per
-    tensor-parallel rank) cannot fit in the host's RAM, or ``None``."""
-    token_bytes = _token_bytes(config, shape)
+    tensor-parallel rank) cannot fit in the host's RAM, or ``None``.
+
+    Budgets, not peaks: RAM is not reserved up front and the pools grow only as facts
+    arrive, so only a budget that the RAM can never hold is refused.
+    """
     weights = 0 if shape is None or shape.weight_bytes is None else shape.weight_bytes
-    tier = _peak(config.kv_host_pool_gb, token_bytes) if config.kv_host_pool_gb else 0
+    tier = int(config.kv_host_pool_gb * GIB)
     workers = _setting(config, "tensor_parallel_size")
     room = (host_bytes - weights) // workers - config.kv_cache_gb * GIB - tier
-    peak = _peak(config.kv_pool_gb, token_bytes)
-    if peak <= room:
+    budget = int(config.kv_pool_gb * GIB)
+    if budget <= room:
         return None
-    largest = 0 if room <= 0 else (
-        largest_pool_bytes(room, token_bytes) if token_bytes else room)
     held = f"its own KV cache (kv_cache_gb={config.kv_cache_gb})"
     if tier:
-        held += f" and the host tier (up to {_gib(tier)})"
+        held += f" and the host tier (kv_host_pool_gb={config.kv_host_pool_gb})"
     return (f"kv_pool_gb={config.kv_pool_gb} does not fit in this machine's "
             f"{_gib(host_bytes)} of RAM: the CPU engine holds the weights ({_gib(weights)}) "
-            f"and, in each of {workers} worker(s), {held}, and {_pool(config, token_bytes)} "
-            f"needs up to {_gib(peak)} while it grows; set kv_pool_gb to at most "
-            f"{_gib_floor(largest)}"
+            f"and, in each of {workers} worker(s), {held}; "
+            f"{_pool(config, _token_bytes(config, shape))} would need all of its budget; "
+            f"set kv_pool_gb to at most {_gib_floor(room)}"
             + (", or lower kv_host_pool_gb" if tier else ""))
 
 
 def host_tier_problem(config: MemoryConfig, shape: ModelShape | None, memory: Memory
                       ) -> str | None:
-    """Why a GPU engine's host tier cannot fit in the host's RAM (pinned, per GPU)."""
+    """Why a GPU engine's host tier cannot fit in the host's RAM (pinned, per GPU).
+
+    Not part of :func:`check_memory`: a virtual machine whose memory grows as it is used
+    reports a fraction of it at first (31 of 256 GiB on the lent H200 machines), so a
+    check against it would refuse tiers that fit.
+    """
     if not memory.gpu_bytes or not config.kv_host_pool_gb:
         return None
     token_bytes = _token_bytes(config, shape)

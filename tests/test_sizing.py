@@ -18,6 +18,7 @@ from inferscale_memory.sizing import (
     GIB,
     Memory,
     check_memory,
+    host_tier_problem,
     largest_pool_bytes,
     model_shape,
     pool_peak_bytes,
@@ -94,18 +95,28 @@ def test_weights_that_leave_vllm_nothing_are_refused(tmp_path: Path) -> None:
     check_memory(config.replace(tensor_parallel_size=2), folder, Memory(H200, HOST))
 
 
-def test_a_host_tier_beyond_the_hosts_ram_is_refused(tmp_path: Path) -> None:
+def test_a_host_tier_beyond_the_hosts_ram_is_named_with_a_tier_that_fits(
+        tmp_path: Path) -> None:
     config, folder = h200_config(tmp_path, kv_host_pool_gb=100)
-    with pytest.raises(ConfigError, match="kv_host_pool_gb=100.0 does not fit") as refused:
-        check_memory(config, folder, Memory(H200, HOST))
-    largest = float(re.search(r"kv_host_pool_gb to at most ([\d.]+)",
-                              str(refused.value)).group(1))
-    check_memory(config.replace(kv_host_pool_gb=largest), folder, Memory(H200, HOST))
+    shape, memory = model_shape(folder), Memory(H200, HOST)
+    problem = host_tier_problem(config, shape, memory)
+    assert problem is not None and "kv_host_pool_gb=100.0 does not fit" in problem
+    largest = float(re.search(r"kv_host_pool_gb to at most ([\d.]+)", problem).group(1))
+    assert host_tier_problem(config.replace(kv_host_pool_gb=largest), shape, memory) is None
+    # not refused at start: a growing VM's RAM reads low at first
+    check_memory(config, folder, memory)
+
+
+def test_a_gpu_of_unknown_size_is_not_checked_as_a_cpu(tmp_path: Path) -> None:
+    config, folder = h200_config(tmp_path, kv_pool_gb=1000)
+    check_memory(config, folder, Memory(None, 8 * GIB, gpu=True))  # no NVML
+    with pytest.raises(ConfigError, match="of RAM"):
+        check_memory(config, folder, Memory(None, 8 * GIB))
 
 
 def test_on_a_cpu_engine_the_pools_share_the_ram_with_vllms_cache(tmp_path: Path) -> None:
     folder = write_dummy_model(tmp_path / "8b", "llama-3.1-8b")
-    config = MemoryConfig(model=str(folder), kv_pool_gb=12, kv_cache_gb=4)
+    config = MemoryConfig(model=str(folder), kv_pool_gb=16, kv_cache_gb=4)
     ram = Memory(None, 32 * GIB)
     with pytest.raises(ConfigError, match="kv_cache_gb=4") as refused:
         check_memory(config, folder, ram)
@@ -126,7 +137,7 @@ def test_weights_are_counted_from_the_checkpoint_when_there_is_one(tmp_path: Pat
 
 def test_this_machine_is_probed_without_cuda() -> None:
     memory = probe_memory()
-    assert memory.host_bytes > GIB
+    assert memory.host_bytes > GIB and memory.is_gpu == (torch.version.cuda is not None)
     assert not torch.cuda.is_initialized()  # vLLM can still fork its workers
 
 
