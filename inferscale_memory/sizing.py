@@ -169,23 +169,41 @@ def probe_memory() -> Memory:
 
 
 def _gpu_bytes() -> int | None:
+    """The first visible GPU's memory, from NVML (``nvidia-ml-py``) or ``nvidia-smi``."""
+    first = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip() or "0"
     try:
-        import pynvml  # nvidia-ml-py: a dependency of vLLM's CUDA builds
-    except ImportError:
-        return None
+        return _nvml_bytes(first)
+    except ImportError:  # vLLM vendors its own NVML binding; ask nvidia-smi instead
+        return _nvidia_smi_bytes(first)
+
+
+def _nvml_bytes(device: str) -> int | None:
+    import pynvml
+
     try:
         pynvml.nvmlInit()
     except pynvml.NVMLError:
         return None
     try:
-        first = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip()
-        index = int(first) if first.isdigit() else 0
-        return int(pynvml.nvmlDeviceGetMemoryInfo(
-            pynvml.nvmlDeviceGetHandleByIndex(index)).total)
+        handle = (pynvml.nvmlDeviceGetHandleByIndex(int(device)) if device.isdigit()
+                  else pynvml.nvmlDeviceGetHandleByUUID(device))
+        return int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)
     except pynvml.NVMLError:
         return None
     finally:
         pynvml.nvmlShutdown()
+
+
+def _nvidia_smi_bytes(device: str) -> int | None:
+    import subprocess
+
+    try:
+        out = subprocess.run(["nvidia-smi", "-i", device, "--query-gpu=memory.total",
+                              "--format=csv,noheader,nounits"], capture_output=True,
+                             text=True, timeout=30, check=True).stdout
+        return int(out.split()[0]) << 20  # MiB
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None
 
 
 def check_memory(config: MemoryConfig, model_path: Path, memory: Memory | None = None

@@ -3,6 +3,7 @@ check that refuses a pool that cannot fit beside vLLM, with numbers that fix it.
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -170,3 +171,15 @@ def test_engine_args_go_over_the_fields_as_they_do_for_vllm(tmp_path: Path) -> N
                                  engine_args={"gpu_memory_utilization": 0.9})
     with pytest.raises(ConfigError, match="gpu_memory_utilization=0.9 of it"):
         check_memory(config, folder, Memory(H200, HOST))
+
+
+def test_without_nvml_the_gpu_is_read_from_nvidia_smi(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from inferscale_memory.sizing import _nvidia_smi_bytes
+
+    tool = tmp_path / "nvidia-smi"  # an H200 as nvidia-smi reports it, in MiB
+    tool.write_text('#!/bin/sh\n[ "$2" = "GPU-abc" ] && echo 143771 || exit 6\n')
+    tool.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    assert _nvidia_smi_bytes("GPU-abc") == 143771 << 20
+    assert _nvidia_smi_bytes("3") is None  # no such device: not checked
