@@ -22,6 +22,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from inferscale_memory import sizing
 from inferscale_memory.config import MemoryConfig
 from inferscale_memory.connector.params import RequestParams
 from inferscale_memory.errors import (
@@ -74,6 +75,7 @@ class MemoryEngine:
             config = config.replace(**overrides, **({"model": model} if model else {}))
         self._config = config
         self.model_path = resolve_model(config.model, config.cache_dir)
+        sizing.check_memory(config, self.model_path)  # a pool that cannot fit: refused now
         self.tokenizer = AutoTokenizer.from_pretrained(str(self.model_path))
         self.builder = PromptBuilder(self.tokenizer)
         # vLLM's tool parser of tool_choice="auto" (a --tool-call-parser name), chosen from

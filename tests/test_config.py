@@ -170,3 +170,15 @@ def test_schema_limits_merge_over_the_defaults_from_kwargs_env_and_file(
     for bad in ({"properties": -1}, {"properties": True}, {"properties": "many"}, [5]):
         with pytest.raises(ConfigError, match="schema_limits"):
             MemoryConfig(schema_limits=bad)
+
+
+def test_a_pool_that_cannot_fit_is_refused_before_the_engine_opens_anything(
+        tmp_path: Path) -> None:
+    # sizing.check_memory runs in MemoryEngine (and so in the server) before the store
+    # opens and vLLM starts: a pool no machine of ours holds, on a CPU or a GPU.
+    from inferscale_memory.bench.shapes import write_dummy_model
+
+    folder = write_dummy_model(tmp_path / "model", "qwen2.5-0.5b")
+    with pytest.raises(ConfigError, match=r"kv_pool_gb=100000\.0 does not fit"):
+        MemoryEngine(str(folder), store_path=str(tmp_path / "m.sqlite"), kv_pool_gb=100000)
+    assert not (tmp_path / "m.sqlite").exists()

@@ -41,6 +41,7 @@ DOORS = ("inferscale_memory.connector", "inferscale_memory.driver")
 # things (``ChatCompletionRequest``, ``extract_tool_calls``, ``max_model_len``) are left out.
 PRIVATE_VLLM_NAMES = (
     "_ROPE_DICT", "_compute_cos_sin_cache", "_C_cache_ops", "_k_scale", "_v_scale",
+    "_k_scale_float", "_v_scale_float",
     "do_kv_cache_update", "static_forward_context", "_dynamo", "finalize_loading",
     "vllm_config", "output_handler", "errored", "num_gpu_blocks", "EngineDeadError",
     "VLLMValidationError", "ToolParserManager", "get_tool_parser", "tools_called",

@@ -356,6 +356,21 @@ def _pool_budget() -> None:
     has_fields(KVTransferConfig, "kv_connector_extra_config")
 
 
+def _fp8_scales() -> None:
+    """The attention layer's fp8 scales: tensors ``_k_scale``/``_v_scale`` (what the
+    connector dequantizes with) and their host copies ``_k_scale_float``/``_v_scale_float``
+    (read each step to notice a change), set together by vLLM."""
+    try:  # the attention layer's module: vLLM 0.32, then earlier
+        attention = importlib.import_module("vllm.model_executor.layers.attention.attention")
+    except ImportError:
+        attention = importlib.import_module("vllm.attention.layer")
+    source = inspect.getsource(attention)
+    for name in ("_k_scale", "_v_scale"):
+        assert f'"{name}"' in source or f"layer.{name} =" in source, name
+    for name in ("_k_scale_float", "_v_scale_float"):
+        assert f".{name} = " in source, name
+
+
 # -- driver/frontend.py and runtime.py: the AsyncLLM the runtime owns ----------------------
 
 
@@ -568,6 +583,8 @@ TOUCHES: tuple[Touch, ...] = (
           "inferscale_memory/driver/engine.py", _rope_cos_sin_cache),
     Touch("ModelConfig.get_num_layers/get_num_kv_heads/get_head_size, cache_dtype",
           "inferscale_memory/driver/engine.py", _pool_budget),
+    Touch("attention layer _k_scale/_v_scale and _k_scale_float/_v_scale_float (fp8 caches)",
+          "inferscale_memory/driver/engine.py", _fp8_scales),
     Touch("AsyncLLM.vllm_config", "inferscale_memory/driver/frontend.py",
           _async_llm_attribute("vllm_config")),
     Touch("AsyncLLM.output_handler", "inferscale_memory/driver/frontend.py",

@@ -10,20 +10,10 @@ finished report will say (:class:`Report`, sent as a
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
 
 from inferscale_memory.connector.params import FactKey, RequestParams, Span
 from inferscale_memory.connector.plan import DEMOTE, EVICT, PROMOTE
 from inferscale_memory.connector.registry import Move
-
-
-class RequestLike(Protocol):
-    """The fields of vLLM's ``Request`` that the scheduler side reads."""
-
-    request_id: str
-    prompt_token_ids: list[int] | None
-    kv_transfer_params: dict[str, Any] | None
-    cache_salt: str | None
 
 
 @dataclass(frozen=True)
