@@ -53,12 +53,15 @@ from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
+import torch
 
 from inferscale_memory.connector import kv_transfer_config
 from inferscale_memory.connector.connector import InferScaleConnector, InferScaleMetadata
 from inferscale_memory.connector.params import FactKey, RequestParams, Span, cache_salt
 from inferscale_memory.connector.worker import WorkerSide
 from inferscale_memory.kv.pool import PoolEntry
+from inferscale_memory.kv.slab import KVSlab
+from inferscale_memory.kv.tiers import FactTiers
 from inferscale_memory.tokens import TokenFacts
 
 USER, LAYOUT = "alice", "tokens"
@@ -84,6 +87,8 @@ class Bench:
                                              KVConnectorRole.SCHEDULER, None)
         self.worker = WorkerSide(SimpleNamespace(cache_config=SimpleNamespace(
             block_size=BLOCK)))
+        # The load batch reads the device tier's pool only; its slab is never touched here.
+        self.worker.tiers = FactTiers(KVSlab(1, 1, 1, torch.uint8, "cpu", capacity=1))
         self.salt = cache_salt(USER, LAYOUT)
         self.count = 0
         self._hold()
@@ -99,7 +104,7 @@ class Bench:
             prompt += ids
         for span in spans:
             rows = np.arange(span.start, span.end, dtype=np.int64)
-            self.worker.pool.put(span.key, PoolEntry(rows, min(span.start, HEADER), 0))
+            self.worker.tiers.pool.put(span.key, PoolEntry(rows, min(span.start, HEADER), 0))
         raw = RequestParams(USER, LAYOUT, capture=tuple(spans)).to_dict()
         capture = self.request(prompt + [1], raw)
         engine_core_step(self.connector, capture, 0, blocks_for(capture), None)

@@ -192,12 +192,14 @@ from types import SimpleNamespace
 sys.path.insert(0, "tests/kv")
 from test_fp8 import A, B, DIM, HEADS, LAYERS, random_bytes, scales_of, shift
 from inferscale_memory.connector.plan import LoadOp, StepPlan
-from inferscale_memory.connector.worker import WorkerSide, _Layer
+from inferscale_memory.connector.worker import WorkerSide
 from inferscale_memory.kv import fused
 from inferscale_memory.kv.cache_map import CacheMap
+from inferscale_memory.kv.paged import PagedCaches, PagedLayer
 from inferscale_memory.kv.pool import PoolEntry
 from inferscale_memory.kv.quant import Fp8Cache
 from inferscale_memory.kv.slab import KVSlab
+from inferscale_memory.kv.tiers import FactTiers
 
 dev, BS, NB = torch.device("cuda"), 16, 16
 # FlashAttention's layout, [2, blocks, block_size, heads, head_dim] bytes
@@ -212,21 +214,22 @@ def side(fmt, scales, use_fused):
               for _ in range(LAYERS)]
     modules = [SimpleNamespace(_k_scale_float=float(r[0, 0]), _v_scale_float=float(r[1, 0]))
                for r in rows]
-    s._layers = [_Layer(f"l{i}", c.view(-1), cache_map, None, m)
-                 for i, (c, m) in enumerate(zip(caches, modules))]
-    s._fp8 = Fp8Cache(fmt, rows.to(dev))
-    s._fp8_scales = s._scale_floats()
-    s._slab = KVSlab(LAYERS, HEADS, DIM, torch.uint8, dev, capacity=64)
-    s._shift = shift().on(dev)
-    for n, (key, start) in enumerate(((A, 0), (B, 7))):
-        got = s._slab.allocate_rows(40)
-        s._slab.data[torch.from_numpy(got).to(dev)] = random_bytes(
-            (40, LAYERS, 2, HEADS, DIM), fmt, 20 + n).to(dev)
-        s.pool.put(key, PoolEntry(got, start, 0))
+    layers = [PagedLayer(f"l{i}", c.view(-1), cache_map, None, m)
+              for i, (c, m) in enumerate(zip(caches, modules))]
+    fp8 = Fp8Cache(fmt, rows.to(dev))
+    kernel = None
     if use_fused:
         assert fused.available(dev, torch.uint8, torch.uint8, [cache_map])
-        s._fused = fused.FusedInjector([c.view(-1) for c in caches], cache_map, HEADS, DIM,
-                                       DIM, True, s._fp8)
+        kernel = fused.FusedInjector([c.view(-1) for c in caches], cache_map, HEADS, DIM,
+                                     DIM, True, fp8)
+    s.caches = PagedCaches(layers, shift().on(dev), fp8, kernel)
+    s._fp8_scales = s._scale_floats()
+    s.tiers = FactTiers(KVSlab(LAYERS, HEADS, DIM, torch.uint8, dev, capacity=64))
+    for n, (key, start) in enumerate(((A, 0), (B, 7))):
+        got = s.tiers.device.allocate_rows(40)
+        s.tiers.device.data[torch.from_numpy(got).to(dev)] = random_bytes(
+            (40, LAYERS, 2, HEADS, DIM), fmt, 20 + n).to(dev)
+        s.tiers.pool.put(key, PoolEntry(got, start, 0))
     return s, caches
 
 plan = StepPlan(loads=[LoadOp("r", list(range(NB)), [(A, 0, 40, 0), (B, 0, 40, 150)])])

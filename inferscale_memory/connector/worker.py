@@ -1,8 +1,13 @@
 """Worker side of the connector: capture fact KV into the pool, inject it into blocks.
 
-Runs inside each vLLM worker process, next to the paged KV cache. Reads go through the
-cache map learned by :func:`~inferscale_memory.kv.cache_map.probe_cache_map`; writes go through
-the attention backend's own cache writer, so no memory layout is assumed anywhere.
+Runs inside each vLLM worker process, next to the paged KV cache, and follows each step's
+plan from the scheduler side: the pool moves between the fact tiers
+(:class:`~inferscale_memory.kv.tiers.FactTiers`), the loads written into the paged
+caches before the forward pass (:class:`~inferscale_memory.kv.paged.PagedCaches`) and the
+captures read out of each layer after its attention ran. Reads go through the cache map
+learned by :func:`~inferscale_memory.kv.cache_map.probe_cache_map`; writes go through the
+attention backend's own cache writer (or the probed offsets), so no memory layout is
+assumed anywhere.
 """
 
 from __future__ import annotations
@@ -24,25 +29,17 @@ from inferscale_memory.driver import engine as driver
 from inferscale_memory.kv import fused
 from inferscale_memory.kv.cache_map import CacheMap, Fp8Probe, flat_view, probe_cache_map
 from inferscale_memory.kv.fused import FusedInjector
-from inferscale_memory.kv.pool import KVPool, PoolEntry
+from inferscale_memory.kv.paged import PagedCaches, PagedLayer
 from inferscale_memory.kv.quant import Fp8Cache, fp8_format, layer_scales
-from inferscale_memory.kv.rope import RotaryShift, Rotation
-from inferscale_memory.kv.slab import KVSlab, SlabFullError
+from inferscale_memory.kv.rope import RotaryShift
+from inferscale_memory.kv.slab import KVSlab
 from inferscale_memory.kv.staging import HostStage
+from inferscale_memory.kv.tiers import FactTiers
 
 logger = logging.getLogger(__name__)
 
 # A file path: every load step appends ``{"ms", "requests", "tokens", "fused"}`` to it.
 TIMING_ENV = "INFERSCALE_CONNECTOR_TIMING"
-
-
-@dataclass
-class _Layer:
-    name: str
-    flat: torch.Tensor  # 1-D view of this layer's cache (bytes for an fp8 cache)
-    cache_map: CacheMap
-    write: Any  # driver.engine.cache_writer
-    module: Any = None  # the attention layer (its fp8 scales)
 
 
 @dataclass
@@ -55,23 +52,17 @@ class _Capture:
 
 
 class WorkerSide:
-    """Owns the KV pool of one worker (one tensor-parallel rank)."""
+    """One worker's (one tensor-parallel rank's) side: its fact tiers and the paged caches
+    it loads facts into and captures them from, step by step as the plan says."""
 
     def __init__(self, vllm_config: Any) -> None:
         self._config = vllm_config
-        self.pool: KVPool[FactKey] = KVPool()
-        self.host_pool: KVPool[FactKey] = KVPool()  # demoted facts, in host memory
-        self._layers: list[_Layer] = []
-        self._index: dict[str, int] = {}
         self._block_size = driver.cache_block_size(vllm_config)
-        self._shift: RotaryShift | None = None
-        self._stage: HostStage | None = None  # index arrays' one copy per step
-        self._slab: KVSlab | None = None
-        self._host: KVSlab | None = None
-        self._capture: _Capture | None = None  # this step's captures, layer by layer
-        self._fused: FusedInjector | None = None
-        self._fp8: Fp8Cache | None = None  # the cache holds float8 bytes
+        self.tiers: FactTiers[FactKey] | None = None  # from register
+        self.caches: PagedCaches | None = None  # from register
         self._fp8_scales: list[tuple[float, float]] = []  # as read at register, by layer
+        self._stage: HostStage | None = None  # index arrays' one copy per step
+        self._capture: _Capture | None = None  # this step's captures, layer by layer
         self._load_errors: set[int] = set()
         # Load-time log for benchmarks (synchronises the device after each load step).
         self._timing = os.environ.get(TIMING_ENV) or None
@@ -85,6 +76,7 @@ class WorkerSide:
         scales = [layer_scales(*driver.kv_scales(modules[name]), heads) for name in names
                   ] if float8 is not None else []
         probed: dict[tuple[Any, ...], CacheMap] = {}
+        layers = []
         for i, name in enumerate(names):
             cache = kv_caches[name]
             write = driver.cache_writer(modules[name], cache)
@@ -100,42 +92,44 @@ class WorkerSide:
             flat = flat_view(cache)
             if float8 is not None:
                 flat = flat.view(torch.uint8)  # vLLM's fp8 caches: bytes, as uint8 or float8
-            self._layers.append(_Layer(name, flat, probed[signature], write, modules[name]))
-        self._index = {layer.name: i for i, layer in enumerate(self._layers)}
-        first = self._layers[0].flat
-        if float8 is not None:
-            self._fp8 = Fp8Cache(float8, torch.stack(scales).to(first.device))
-            self._fp8_scales = self._scale_floats()
+            layers.append(PagedLayer(name, flat, probed[signature], write, modules[name]))
+        first = layers[0].flat
+        fp8 = None if float8 is None else Fp8Cache(float8, torch.stack(scales).to(first.device))
         budget = driver.pool_budget_tokens(self._config)
-        self._slab = KVSlab(len(names), heads, head_dim, first.dtype, first.device,
-                            capacity=min(4096, budget or 4096), max_capacity=budget)
+        device = KVSlab(len(names), heads, head_dim, first.dtype, first.device,
+                        capacity=min(4096, budget or 4096), max_capacity=budget)
         host_budget = driver.host_pool_budget_tokens(self._config)
-        if host_budget:
-            self._host = KVSlab(len(names), heads, head_dim, first.dtype, "cpu",
-                                capacity=min(4096, host_budget), max_capacity=host_budget,
-                                pin_memory=first.is_cuda)
-        self._shift = RotaryShift.from_rotary_module(
+        host = KVSlab(len(names), heads, head_dim, first.dtype, "cpu",
+                      capacity=min(4096, host_budget), max_capacity=host_budget,
+                      pin_memory=first.is_cuda) if host_budget else None
+        self.tiers = FactTiers(device, host)
+        shift = RotaryShift.from_rotary_module(
             driver.model_rotary_module(head_dim)).on(first.device)
-        cache_maps = [layer.cache_map for layer in self._layers]
-        if fused.available(first.device, first.dtype, self._slab.data.dtype, cache_maps):
-            self._fused = FusedInjector([layer.flat for layer in self._layers], cache_maps[0],
-                                        heads, head_dim, self._shift.rotary_dim,
-                                        self._shift.is_neox_style, self._fp8)
+        cache_maps = [layer.cache_map for layer in layers]
+        kernel = None
+        if fused.available(first.device, first.dtype, device.data.dtype, cache_maps):
+            kernel = FusedInjector([layer.flat for layer in layers], cache_maps[0], heads,
+                                   head_dim, shift.rotary_dim, shift.is_neox_style, fp8)
+        self.caches = PagedCaches(layers, shift, fp8, kernel)
+        self._fp8_scales = self._scale_floats() if fp8 is not None else []
         logger.info("inferscale connector: %d layers, cache maps probed: %d, cache: %s, "
-                    "loads: %s", len(self._layers), len(probed),
+                    "loads: %s", len(layers), len(probed),
                     driver.kv_cache_dtype(self._config),
-                    "fused Triton kernel" if self._fused else "per-layer cache writes")
+                    "fused Triton kernel" if kernel else "per-layer cache writes")
 
     def _scale_floats(self) -> list[tuple[float, float]]:
-        return [driver.kv_scale_floats(layer.module) for layer in self._layers]
+        assert self.caches is not None
+        return [driver.kv_scale_floats(layer.module) for layer in self.caches.layers]
 
     # -- loading (before the forward pass) ---------------------------------------------
 
     def start_load(self, plan: StepPlan) -> None:
         """Apply the step's pool moves, write every load into the paged cache, then apply
         evictions."""
+        tiers, caches = self.tiers, self.caches
+        assert tiers is not None
         started = time.perf_counter() if self._timing is not None else 0.0
-        if self._fp8 is not None and (plan.loads or plan.captures):
+        if caches is not None and caches.fp8 is not None and (plan.loads or plan.captures):
             self._check_fp8_scales()
         # Deleted facts and the old KV of recaptured ones give their rows back first if
         # no load of this step reads them: the scheduler side already counts them free,
@@ -144,75 +138,48 @@ class WorkerSide:
         recaptured = [span.key for op in plan.captures for span in op.spans]
         for key in [*plan.evicts, *recaptured]:
             if key not in loaded:
-                self._drop(key)
+                tiers.drop(key)
         for move, key in plan.moves:
             if move == DEMOTE:
-                self._demote(key)
+                tiers.demote(key)
             elif move == PROMOTE:
-                self._promote(key)
+                tiers.promote(key)
             else:
-                self._drop(key)
+                tiers.drop(key)
         batch = self._load_batch(plan.loads)
         if batch is not None:
-            assert self._shift is not None
+            assert caches is not None
             rows, deltas, slots = self._to_device(batch)  # the step's one copy
-            rotation = self._shift.rotation(deltas) if batch[1].any() else None
-            if self._fused is not None:
-                self._fused(self._slab.data, rows, slots, rotation)
-            else:
-                for i, layer in enumerate(self._layers):  # a layer at a time: bounded memory
-                    keys, values = self._slab.gather_layer(rows, i)  # [n, heads, head_dim]
-                    if self._fp8 is None:
-                        layer.write(self._shift.apply_(keys, rotation), values, slots)
-                    else:
-                        self._write_fp8(layer, i, keys, values, slots, rotation)
+            rotation = caches.shift.rotation(deltas) if batch[1].any() else None
+            caches.write(tiers.device, rows, slots, rotation)
             if self._timing is not None:
                 self._log_load(started, plan, batch.shape[1])
         for key in plan.evicts:
             if key in loaded:
-                self._drop(key)
-
-    def _write_fp8(self, layer: _Layer, index: int, keys: torch.Tensor, values: torch.Tensor,
-                   slots: torch.Tensor, rotation: Rotation | None) -> None:
-        """Store a layer's fact bytes into its fp8 cache: moved keys dequantized, rotated
-        and quantized again with the layer's K scale; everything else bit for bit. The
-        bytes go straight to the offsets the probe learned (the backend's writer would
-        quantize them a second time)."""
-        assert self._fp8 is not None and self._shift is not None
-        if rotation is not None:
-            scale = self._fp8.scales[index, 0]
-            rotated = self._shift.apply_(self._fp8.dequantize(keys, scale), rotation)
-            keys = torch.where(rotation.moved[:, None, None],
-                               self._fp8.quantize(rotated, scale, keys), keys)
-        where = layer.cache_map.indices(slots)
-        layer.flat[where[0]] = keys
-        layer.flat[where[1]] = values
+                tiers.drop(key)
 
     def _check_fp8_scales(self) -> None:
         """Forget every fact if a layer's fp8 scales changed since the caches were
         registered (a weight reload): their bytes were quantized with the old scales.
         Their loads then fail and vLLM computes them again."""
-        assert self._fp8 is not None
+        caches, tiers = self.caches, self.tiers
+        assert caches is not None and caches.fp8 is not None and tiers is not None
         now = self._scale_floats()
         if now == self._fp8_scales:
             return
         logger.warning("the fp8 KV cache's scales changed; forgetting %d facts (they are "
-                       "computed again)", len(self.pool) + len(self.host_pool))
-        for key in [*self.pool.keys(), *self.host_pool.keys()]:
-            self._drop(key)
-        heads = self._fp8.scales.shape[-1]
-        self._fp8 = Fp8Cache(self._fp8.dtype, torch.stack(
-            [layer_scales(*driver.kv_scales(layer.module), heads) for layer in self._layers]
-        ).to(self._fp8.scales.device))
+                       "computed again)", tiers.drop_all())
+        heads = caches.fp8.scales.shape[-1]
+        caches.fp8 = Fp8Cache(caches.fp8.dtype, torch.stack(
+            [layer_scales(*driver.kv_scales(layer.module), heads) for layer in caches.layers]
+        ).to(caches.fp8.scales.device))
         self._fp8_scales = now
-        if self._fused is not None:
-            self._fused.fp8 = self._fp8
 
     def _log_load(self, started: float, plan: StepPlan, tokens: int) -> None:
         """One line of the load-time log (the device is synchronised first)."""
-        assert self._slab is not None and self._timing is not None
-        if self._slab.data.is_cuda:
-            torch.cuda.synchronize(self._slab.data.device)
+        assert self.tiers is not None and self._timing is not None
+        if self.tiers.device.data.is_cuda:
+            torch.cuda.synchronize(self.tiers.device.data.device)
         ms = (time.perf_counter() - started) * 1000
         with open(self._timing, "a") as log:
             log.write(json.dumps({"ms": ms, "requests": len(plan.loads), "tokens": tokens,
@@ -224,9 +191,10 @@ class WorkerSide:
         Python touches each piece once (a pool lookup); the per-token arrays are built
         with a few vectorised numpy operations for the whole step.
         """
+        assert self.tiers is not None
         rows, lengths, positions, deltas, tables, table_base = [], [], [], [], [], []
         base = 0
-        get = self.pool.get
+        get = self.tiers.pool.get
         for op in loads:
             num_pieces = len(lengths)
             for key, offset, length, position in op.pieces:
@@ -260,41 +228,6 @@ class WorkerSide:
                          np.repeat(np.asarray(deltas, dtype=np.int64), count),
                          blocks * size + pos % size))
 
-    def _drop(self, key: FactKey) -> None:
-        """Forget ``key`` in both tiers."""
-        for pool, slab in ((self.pool, self._slab), (self.host_pool, self._host)):
-            entry = pool.get(key)
-            if entry is not None and pool.evict(key):
-                assert slab is not None
-                slab.release(entry.rows)
-
-    def _demote(self, key: FactKey) -> None:
-        """Copy a fact's rows to the host tier and free them on the device."""
-        entry = self.pool.get(key)
-        if entry is None or self._host is None:
-            self._drop(key)
-            return
-        assert self._slab is not None
-        rows = self._allocate(entry.num_tokens, host=True)
-        if rows is not None:
-            self._host.copy_rows(rows, self._slab, entry.rows)
-        self._drop(key)  # frees the device rows
-        if rows is not None:
-            self.host_pool.put(key, PoolEntry(rows, entry.start, entry.nbytes))
-
-    def _promote(self, key: FactKey) -> None:
-        """Copy a demoted fact's rows back to the device (before this step's loads)."""
-        entry = self.host_pool.get(key)
-        if entry is None:
-            return  # dropped here meanwhile: its load fails and vLLM recomputes it
-        assert self._slab is not None and self._host is not None
-        rows = self._allocate(entry.num_tokens)
-        if rows is not None:  # stream-ordered before any later write of the host rows
-            self._slab.copy_rows(rows, self._host, entry.rows, non_blocking=True)
-        self._drop(key)  # frees the host rows
-        if rows is not None:
-            self.pool.put(key, PoolEntry(rows, entry.start, entry.nbytes))
-
     def take_load_errors(self) -> set[int]:
         errors, self._load_errors = self._load_errors, set()
         return errors
@@ -303,15 +236,16 @@ class WorkerSide:
 
     def save_layer(self, layer_name: str, plan: StepPlan) -> None:
         """Copy this layer's K/V of every span captured in this step (one gather)."""
-        layer_id = self._index.get(layer_name)
+        assert self.caches is not None
+        layer_id = self.caches.index.get(layer_name)
         if layer_id is None or not plan.captures:
             return
-        layer = self._layers[layer_id]
+        layer = self.caches.layers[layer_id]
         if self._capture is None:
             slots = torch.cat([self._slots(op.block_ids, torch.arange(span.start, span.end))
                                for op in plan.captures for span in op.spans])
             self._capture = _Capture(self._to_device(slots.numpy()),
-                                     [None] * len(self._layers))
+                                     [None] * len(self.caches.layers))
         capture = self._capture
         indices = capture.indices.get(id(layer.cache_map))
         if indices is None:
@@ -324,13 +258,14 @@ class WorkerSide:
         spans = [(op.req_id, span) for op in plan.captures for span in op.spans]
         if capture is None or not spans:
             return
+        tiers = self.tiers
+        assert tiers is not None
         for _, span in spans:  # the old KV of a recaptured fact: its rows are free already
-            self._drop(span.key)  # in the scheduler side's count, and it is not the new text's
+            tiers.drop(span.key)  # in the scheduler side's count, and it is not the new text's
         if any(kv is None for kv in capture.kv):  # a load of these facts fails: recomputed
             logger.warning("capture of %d spans incomplete; not stored", len(spans))
             return
-        assert self._slab is not None
-        allocated = [self._allocate(span.end - span.start) for _, span in spans]
+        allocated = [tiers.allocate(span.end - span.start) for _, span in spans]
         kv = torch.stack(capture.kv, dim=1)  # [2, layers, n, heads, head_dim]
         kept = [i for i, rows in enumerate(allocated) if rows is not None]
         if len(kept) < len(spans):  # token columns of the spans that found room
@@ -343,38 +278,17 @@ class WorkerSide:
         stored = [rows for rows in allocated if rows is not None]
         if not spans:
             return
-        rows = self._to_device(np.concatenate(stored))
-        self._slab.write_rows(rows, kv[0], kv[1])
+        tiers.device.write_rows(self._to_device(np.concatenate(stored)), kv[0], kv[1])
         for span_rows, (_, span) in zip(stored, spans, strict=True):
-            self._drop(span.key)  # a key captured twice in this step keeps the last copy
-            self.pool.put(span.key, PoolEntry(span_rows, span.start,
-                                              len(span_rows) * self._slab.bytes_per_token))
-
-    def _allocate(self, num_tokens: int, host: bool = False) -> np.ndarray | None:
-        """Rows of the device slab (or of the host tier), or ``None`` if there is no room.
-
-        The scheduler side's registry keeps both tiers within their budgets and sends
-        every drop it decides in the step plan, and a slab hands out any free rows, so
-        this finds room. The worker never picks a victim of its own, which could disagree
-        with the registry's choice: rows that cannot be found are not stored (a load of
-        that fact then fails, vLLM recomputes it and the scheduler side forgets it),
-        never an error that would stop the engine.
-        """
-        slab = self._host if host else self._slab
-        assert slab is not None
-        try:
-            return slab.allocate_rows(num_tokens)
-        except SlabFullError:
-            logger.warning("no room for %d tokens of fact KV; not stored", num_tokens)
-            return None
+            tiers.store(span.key, span_rows, span.start)
 
     # -- helpers -----------------------------------------------------------------------
 
     def _to_device(self, array: np.ndarray) -> torch.Tensor:
         """``array`` on the slab's device, in one copy through page-locked memory."""
-        assert self._slab is not None
+        assert self.tiers is not None
         if self._stage is None:
-            self._stage = HostStage(self._slab.data.device)
+            self._stage = HostStage(self.tiers.device.data.device)
         return self._stage.to_device(array)
 
     def _slots(self, block_ids: list[int], positions: torch.Tensor) -> torch.Tensor:

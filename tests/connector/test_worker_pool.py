@@ -16,6 +16,7 @@ from inferscale_memory.connector.registry import FactRegistry, Registered, Room
 from inferscale_memory.connector.worker import WorkerSide, _Capture
 from inferscale_memory.kv.pool import PoolEntry
 from inferscale_memory.kv.slab import KVSlab
+from inferscale_memory.kv.tiers import FactTiers
 
 LAYERS, HEADS, DIM = 2, 1, 4
 A, B = FactKey("alice", "a"), FactKey("alice", "b")
@@ -23,8 +24,8 @@ A, B = FactKey("alice", "a"), FactKey("alice", "b")
 
 def worker(rows: int) -> WorkerSide:
     side = WorkerSide(SimpleNamespace(cache_config=SimpleNamespace(block_size=16)))
-    side._slab = KVSlab(LAYERS, HEADS, DIM, torch.float32, "cpu", capacity=rows,
-                        max_capacity=rows)
+    side.tiers = FactTiers(KVSlab(LAYERS, HEADS, DIM, torch.float32, "cpu", capacity=rows,
+                                  max_capacity=rows))
     return side
 
 
@@ -44,12 +45,12 @@ def test_a_recapture_at_a_full_budget_replaces_its_own_rows() -> None:
     capture(side, B, 20, 1.0)
     capture(side, A, 10, 2.0)  # the slab is full; B is the least recently used
     capture(side, A, 10, 3.0)  # A updated
-    assert B in side.pool and A in side.pool
-    entry = side.pool.get(A)
+    assert B in side.tiers.pool and A in side.tiers.pool
+    entry = side.tiers.pool.get(A)
     assert entry is not None
-    keys, _ = side._slab.gather(torch.from_numpy(entry.rows))
+    keys, _ = side.tiers.device.gather(torch.from_numpy(entry.rows))
     assert torch.all(keys == 3.0)
-    assert side._slab.free_rows == 0
+    assert side.tiers.device.free_rows == 0
 
 
 def test_a_key_captured_twice_in_one_step_keeps_one_copy() -> None:
@@ -59,11 +60,11 @@ def test_a_key_captured_twice_in_one_step_keeps_one_copy() -> None:
     side._capture = _Capture(torch.arange(10), [kv] * LAYERS)
     side.finish_save(StepPlan(captures=[CaptureOp("r1", [0], [Span(A, 0, 5)]),
                                         CaptureOp("r2", [1], [Span(A, 0, 5)])]))
-    entry = side.pool.get(A)
-    assert entry is not None and len(side.pool) == 1
-    keys, _ = side._slab.gather(torch.from_numpy(entry.rows))
+    entry = side.tiers.pool.get(A)
+    assert entry is not None and len(side.tiers.pool) == 1
+    keys, _ = side.tiers.device.gather(torch.from_numpy(entry.rows))
     assert torch.all(keys == 2.0)
-    assert side._slab.free_rows == 30 - 5  # the first copy's rows were given back
+    assert side.tiers.device.free_rows == 30 - 5  # the first copy's rows were given back
 
 
 def test_an_incomplete_capture_step_keeps_no_old_copy_of_its_facts() -> None:
@@ -76,8 +77,8 @@ def test_an_incomplete_capture_step_keeps_no_old_copy_of_its_facts() -> None:
     capture(side, B, 5, 4.0)
     side._capture = _Capture(torch.arange(10), [torch.full((2, 10, HEADS, DIM), 2.0), None])
     side.finish_save(StepPlan(captures=[CaptureOp("r", [0], [Span(A, 0, 10)])]))
-    assert A not in side.pool and B in side.pool
-    assert side._slab is not None and side._slab.free_rows == 30 - 5
+    assert A not in side.tiers.pool and B in side.tiers.pool
+    assert side.tiers.device is not None and side.tiers.device.free_rows == 30 - 5
 
 
 C, D = FactKey("alice", "c"), FactKey("alice", "d")
@@ -87,12 +88,12 @@ def full_host_tier() -> WorkerSide:
     """A worker whose host tier is full with B (least recently used) and A; C, on the
     device, is about to be demoted."""
     side = worker(30)
-    side._host = KVSlab(LAYERS, HEADS, DIM, torch.float32, "cpu", capacity=20,
-                        max_capacity=20)
+    side.tiers.host = KVSlab(LAYERS, HEADS, DIM, torch.float32, "cpu", capacity=20,
+                             max_capacity=20)
     capture(side, A, 10, 1.0)
     capture(side, B, 10, 2.0)
-    side._demote(B)
-    side._demote(A)
+    side.tiers.demote(B)
+    side.tiers.demote(A)
     capture(side, C, 10, 3.0)
     return side
 
@@ -104,7 +105,7 @@ def test_deleted_facts_give_their_rows_back_before_the_steps_moves() -> None:
     # after the loads: the host tier was full and dropped another fact.
     side = full_host_tier()
     side.start_load(StepPlan(evicts=[A], moves=[(DEMOTE, C)]))  # A deleted, C demoted
-    assert A not in side.host_pool and B in side.host_pool and C in side.host_pool
+    assert A not in side.tiers.host_pool and B in side.tiers.host_pool and C in side.tiers.host_pool
 
 
 def test_a_recaptured_facts_host_copy_is_given_back_before_the_steps_moves() -> None:
@@ -113,7 +114,7 @@ def test_a_recaptured_facts_host_copy_is_given_back_before_the_steps_moves() -> 
     side = full_host_tier()
     plan = StepPlan(captures=[CaptureOp("r", [0], [Span(A, 0, 10)])], moves=[(DEMOTE, C)])
     side.start_load(plan)  # A is being recaptured; C goes to the host
-    assert B in side.host_pool and C in side.host_pool and A not in side.host_pool
+    assert B in side.tiers.host_pool and C in side.tiers.host_pool and A not in side.tiers.host_pool
 
 
 def test_a_full_slab_leaves_the_new_fact_out_rather_than_choose_a_victim() -> None:
@@ -126,7 +127,7 @@ def test_a_full_slab_leaves_the_new_fact_out_rather_than_choose_a_victim() -> No
     capture(side, A, 20, 1.0)
     capture(side, B, 10, 2.0)
     capture(side, C, 5, 3.0)  # the plan made no room for C
-    assert A in side.pool and B in side.pool and C not in side.pool
+    assert A in side.tiers.pool and B in side.tiers.pool and C not in side.tiers.pool
 
 
 def test_a_failed_promotion_leaves_the_host_tier_that_the_registry_describes() -> None:
@@ -136,8 +137,8 @@ def test_a_failed_promotion_leaves_the_host_tier_that_the_registry_describes() -
     # the registry kept there).
     registry = FactRegistry(budget_tokens=20, host_budget_tokens=10)
     side = worker(20)
-    side._host = KVSlab(LAYERS, HEADS, DIM, torch.float32, "cpu", capacity=10,
-                        max_capacity=10)
+    side.tiers.host = KVSlab(LAYERS, HEADS, DIM, torch.float32, "cpu", capacity=10,
+                             max_capacity=10)
     for key, tokens in ((A, 10), (B, 8), (C, 2)):
         registry.register(key, Registered(b"", tokens))
         capture(side, key, tokens, 1.0)
@@ -148,8 +149,8 @@ def test_a_failed_promotion_leaves_the_host_tier_that_the_registry_describes() -
     room = registry.promote(A)
     assert room == Room(False)
     side.start_load(StepPlan(moves=list(room.moves)))
-    assert registry.is_on_host(A) and A in side.host_pool
-    assert C in side.pool and C not in side.host_pool
+    assert registry.is_on_host(A) and A in side.tiers.host_pool
+    assert C in side.tiers.pool and C not in side.tiers.host_pool
 
 
 # -- the load step's index arrays ------------------------------------------------------
@@ -163,7 +164,7 @@ def reference_batch(side: WorkerSide, loads: list[LoadOp]) -> tuple[list[list[in
     size = side._block_size
     for op in loads:
         for key, offset, length, position in op.pieces:
-            entry = side.pool.get(key)
+            entry = side.tiers.pool.get(key)
             if entry is None or offset + length > entry.num_tokens:
                 errors.update(blocks_of(op.block_ids, size, position, length))
                 continue
@@ -185,14 +186,14 @@ def test_the_load_batch_holds_every_token_of_every_piece(data: st.DataObject) ->
     keys = [FactKey("alice", str(i)) for i in range(6)]
     for i, key in enumerate(keys[:4]):  # keys 4 and 5 are not in the pool
         tokens = data.draw(st.integers(1, 40))
-        side.pool.put(key, PoolEntry(np.arange(100 * i, 100 * i + tokens), data.draw(
+        side.tiers.pool.put(key, PoolEntry(np.arange(100 * i, 100 * i + tokens), data.draw(
             st.integers(0, 60)), 0))
     loads = []
     for r in range(data.draw(st.integers(1, 3))):
         pieces, position = [], data.draw(st.integers(0, 20))
         for _ in range(data.draw(st.integers(0, 5))):
             key = data.draw(st.sampled_from(keys))
-            entry = side.pool.get(key)
+            entry = side.tiers.pool.get(key)
             held = entry.num_tokens if entry is not None else 8
             offset = data.draw(st.integers(0, held - 1))
             length = data.draw(st.integers(1, held - offset + 1))  # one too many: refused

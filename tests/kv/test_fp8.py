@@ -18,12 +18,14 @@ from test_cache_map import BS, NB, cpu_tiled, flash_like, permuted
 
 from inferscale_memory.connector.params import FactKey
 from inferscale_memory.connector.plan import LoadOp, StepPlan
-from inferscale_memory.connector.worker import WorkerSide, _Layer
+from inferscale_memory.connector.worker import WorkerSide
 from inferscale_memory.kv.cache_map import Fp8Probe, flat_view, probe_cache_map
+from inferscale_memory.kv.paged import PagedCaches, PagedLayer
 from inferscale_memory.kv.pool import PoolEntry
 from inferscale_memory.kv.quant import Fp8Cache, fp8_format, layer_scales
 from inferscale_memory.kv.rope import RotaryShift
 from inferscale_memory.kv.slab import KVSlab
+from inferscale_memory.kv.tiers import FactTiers
 
 LAYERS, HEADS, DIM = 3, 2, 8
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
@@ -118,27 +120,33 @@ def shift(rotary_dim: int = DIM, neox: bool = True) -> RotaryShift:
 
 
 def fp8_worker(fmt: torch.dtype, scales: str, make=flash_like,
-               rope: RotaryShift | None = None) -> tuple[WorkerSide, list[torch.Tensor]]:
+               rope: RotaryShift | None = None,
+               kernel: ModuleType | None = None) -> tuple[WorkerSide, list[torch.Tensor]]:
     """A worker side over ``LAYERS`` quantizing caches of ``make``'s layout, as
-    ``register`` leaves it (no engine); layer i's scales are ``scales`` times (i + 1)."""
+    ``register`` leaves it (no engine); layer i's scales are ``scales`` times (i + 1).
+    ``kernel``: the fused module whose kernel writes the loads (else the portable path)."""
     side = WorkerSide(SimpleNamespace(cache_config=SimpleNamespace(block_size=BS)))
     k_scale, v_scale = scales_of(scales)
-    caches, layer_rows = [], []
+    caches, layers, layer_rows = [], [], []
     for i in range(LAYERS):
         ks, vs = k_scale * (i + 1), v_scale * (i + 1)
         cache, write = quantizing(make, fmt, ks, vs)
         probe = Fp8Probe(fmt, torch.bfloat16, ks, vs, 16 if fmt == E4M3 else 8)
         module = SimpleNamespace(_k_scale=ks, _v_scale=vs, _k_scale_float=float(ks[0]),
                                  _v_scale_float=float(vs[0]))
-        side._layers.append(_Layer(f"l{i}", flat_view(cache),
-                                   probe_cache_map(cache, write, BS, HEADS, DIM, probe),
-                                   write, module))
+        layers.append(PagedLayer(f"l{i}", flat_view(cache),
+                                 probe_cache_map(cache, write, BS, HEADS, DIM, probe),
+                                 write, module))
         caches.append(cache)
         layer_rows.append(torch.stack((ks, vs)))
-    side._fp8 = Fp8Cache(fmt, torch.stack(layer_rows))
+    fp8 = Fp8Cache(fmt, torch.stack(layer_rows))
+    rope = rope or shift()
+    injector = None if kernel is None else kernel.FusedInjector(
+        [layer.flat for layer in layers], layers[0].cache_map, HEADS, DIM, rope.rotary_dim,
+        rope.is_neox_style, fp8)
+    side.caches = PagedCaches(layers, rope, fp8, injector)
     side._fp8_scales = side._scale_floats()
-    side._slab = KVSlab(LAYERS, HEADS, DIM, torch.uint8, "cpu", capacity=64)
-    side._shift = rope or shift()
+    side.tiers = FactTiers(KVSlab(LAYERS, HEADS, DIM, torch.uint8, "cpu", capacity=64))
     return side, caches
 
 
@@ -149,11 +157,11 @@ def random_bytes(shape: tuple[int, ...], fmt: torch.dtype, seed: int) -> torch.T
 
 def put_fact(side: WorkerSide, key: FactKey, tokens: int, start: int, seed: int) -> np.ndarray:
     """A captured fact of random bytes (positions ``start``...) in new slab rows."""
-    assert side._slab is not None and side._fp8 is not None
-    rows = side._slab.allocate_rows(tokens)
-    side._slab.data[torch.from_numpy(rows)] = random_bytes(
-        (tokens, LAYERS, 2, HEADS, DIM), side._fp8.dtype, seed)
-    side.pool.put(key, PoolEntry(rows, start, 0))
+    assert side.tiers is not None and side.caches is not None and side.caches.fp8 is not None
+    rows = side.tiers.device.allocate_rows(tokens)
+    side.tiers.device.data[torch.from_numpy(rows)] = random_bytes(
+        (tokens, LAYERS, 2, HEADS, DIM), side.caches.fp8.dtype, seed)
+    side.tiers.pool.put(key, PoolEntry(rows, start, 0))
     return rows
 
 
@@ -168,8 +176,8 @@ def test_a_fact_injected_where_captured_is_copied_bit_for_bit(fmt: torch.dtype,
     rows = put_fact(side, A, 10, start=16, seed=1)
     side.start_load(StepPlan(loads=[LoadOp("r", [3, 1], [(A, 0, 10, 16)])]))
     for layer, cache in enumerate(caches):  # flash layout: block 1 holds positions 16..31
-        assert torch.equal(cache[0, 1, :10], side._slab.data[rows, layer, 0])
-        assert torch.equal(cache[1, 1, :10], side._slab.data[rows, layer, 1])
+        assert torch.equal(cache[0, 1, :10], side.tiers.device.data[rows, layer, 0])
+        assert torch.equal(cache[1, 1, :10], side.tiers.device.data[rows, layer, 1])
 
 
 @pytest.mark.parametrize("fmt", [E4M3, E5M2], ids=str)
@@ -183,8 +191,8 @@ def test_a_moved_key_is_dequantized_rotated_and_quantized_again(fmt: torch.dtype
     rope, deltas = shift(), torch.full((10,), 40 - 3)
     limit = float(torch.finfo(fmt).max)
     for layer, cache in enumerate(caches):
-        stored = side._slab.data[rows, layer]
-        scale = side._fp8.scales[layer]
+        stored = side.tiers.device.data[rows, layer]
+        scale = side.caches.fp8.scales[layer]
         keys = stored[:, 0].view(fmt).to(torch.float32) * scale[0][:, None]
         want = (rope.shift(keys, deltas) / scale[0][:, None]).clamp(-limit, limit)
         want = want.to(fmt).view(torch.uint8)
@@ -222,15 +230,15 @@ def test_changed_scales_forget_every_fact() -> None:
     put_fact(side, A, 10, start=0, seed=4)
     put_fact(side, B, 10, start=0, seed=5)
     side.start_load(StepPlan(loads=[LoadOp("r", [1], [(A, 0, 10, 0)])]))
-    assert side.take_load_errors() == set() and A in side.pool
-    module = side._layers[1].module
+    assert side.take_load_errors() == set() and A in side.tiers.pool
+    module = side.caches.layers[1].module
     module._k_scale, module._k_scale_float = torch.tensor(4.0), 4.0
     caches[0].zero_()
     side.start_load(StepPlan(loads=[LoadOp("r", [1], [(A, 0, 10, 0)])]))
-    assert len(side.pool) == 0 and side._slab.free_rows == 64
+    assert len(side.tiers) == 0 and side.tiers.device.free_rows == 64
     assert side.take_load_errors() == {1}  # vLLM recomputes the block
     assert not caches[0].any()
-    assert side._fp8.scales[1, 0].tolist() == [4.0, 4.0]  # later captures: the new scale
+    assert side.caches.fp8.scales[1, 0].tolist() == [4.0, 4.0]  # later captures: the new scale
 
 
 # -- the fused kernel ---------------------------------------------------------------------
@@ -255,10 +263,8 @@ def test_the_fused_fp8_load_equals_the_portable_path(interpreted: ModuleType, fm
                                                     neox: bool) -> None:
     rope = shift(rotary_dim, neox)
     portable, portable_caches = fp8_worker(fmt, scales, make=cpu_tiled, rope=rope)
-    fused_side, fused_caches = fp8_worker(fmt, scales, make=cpu_tiled, rope=rope)
-    fused_side._fused = interpreted.FusedInjector(
-        [layer.flat for layer in fused_side._layers], fused_side._layers[0].cache_map,
-        HEADS, DIM, rotary_dim, neox, fused_side._fp8)
+    fused_side, fused_caches = fp8_worker(fmt, scales, make=cpu_tiled, rope=rope,
+                                          kernel=interpreted)
     for side in (portable, fused_side):
         put_fact(side, A, 12, start=0, seed=10)
         put_fact(side, B, 12, start=7, seed=11)
