@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from inferscale_memory.bench.synthetic import USER, SyntheticWorkload
@@ -43,3 +44,25 @@ async def inject_vs_prefix_cache(work: SyntheticWorkload, max_tokens: int) -> tu
     kv = await work.run(prompt, "kv", max_tokens=max_tokens, logprobs=5)
     moved = await work.run(work.prompt([1, 0]), "kv", max_tokens=4)
     return fresh, warm, kv, moved
+
+
+def check_injection_exact(runtime: VllmRuntime, max_tokens: int,
+                          timeout: float = 300) -> bool:
+    """Run :func:`inject_vs_prefix_cache` and assert what it shows: the injected fact
+    answers as vLLM's prefix cache does (tokens and top-5 logprobs), header and fact
+    injected, nothing recomputed, and the moved fact loaded too. Returns whether the
+    fresh prefill also matched (recorded only, see :func:`inject_vs_prefix_cache`)."""
+    block = runtime.block_size
+    fresh, warm, kv, moved = runtime.run(asyncio.wait_for(
+        inject_vs_prefix_cache(block_workload(runtime), max_tokens=max_tokens), timeout))
+    assert warm.num_cached_tokens == 2 * block
+    assert kv.report.injected_tokens == 2 * block  # header + fact
+    assert kv.report.missing == ()
+    assert len(set(warm.logprobs[0].values())) > 1  # the logits say something
+    assert kv.token_ids == warm.token_ids
+    assert kv.logprobs == warm.logprobs
+    # header from the user's prefix cache; fact 1, then fact 0 rotated to a new place
+    assert moved.num_cached_tokens == 3 * block
+    assert moved.report.injected_tokens == 2 * block
+    assert moved.report.missing == ()
+    return bool(fresh.logprobs == warm.logprobs)
