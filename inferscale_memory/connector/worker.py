@@ -177,13 +177,13 @@ class WorkerSide:
 
     def _log_load(self, started: float, plan: StepPlan, tokens: int) -> None:
         """One line of the load-time log (the device is synchronised first)."""
-        assert self.tiers is not None and self._timing is not None
+        assert self.tiers is not None and self.caches is not None and self._timing is not None
         if self.tiers.device.data.is_cuda:
             torch.cuda.synchronize(self.tiers.device.data.device)
         ms = (time.perf_counter() - started) * 1000
         with open(self._timing, "a") as log:
             log.write(json.dumps({"ms": ms, "requests": len(plan.loads), "tokens": tokens,
-                                  "fused": self._fused is not None}) + "\n")
+                                  "fused": self.caches.fused is not None}) + "\n")
 
     def _load_batch(self, loads: list[LoadOp]) -> np.ndarray | None:
         """``[3, n]`` slab rows, position deltas and cache slots of every token loaded.

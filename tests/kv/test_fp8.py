@@ -307,3 +307,20 @@ def test_the_kernels_rounding_is_torchs(interpreted: ModuleType, fmt: torch.dtyp
     rounding[(triton.cdiv(len(values), 1024),)](values, out, len(values), MANTISSA=mantissa,
                                                 MIN_EXP=min_exp, BLOCK=1024)
     assert torch.equal(out, values.to(fmt).to(torch.float32))
+
+
+def test_a_timed_load_step_logs_its_time(tmp_path) -> None:
+    # INFERSCALE_CONNECTOR_TIMING (bench synthetic --connector-timing): each load step
+    # appends one line; the line says whether the fused kernel wrote it.
+    import json
+
+    from inferscale_memory.connector.worker import TIMING_ENV
+
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv(TIMING_ENV, str(tmp_path / "loads.jsonl"))
+        side, _ = fp8_worker(E4M3, "one")
+    put_fact(side, A, 10, start=16, seed=1)
+    side.start_load(StepPlan(loads=[LoadOp("r", [3, 1], [(A, 0, 10, 16)])]))
+    line = json.loads((tmp_path / "loads.jsonl").read_text())
+    assert (line["requests"], line["tokens"], line["fused"]) == (1, 10, False)
+    assert line["ms"] >= 0
