@@ -73,8 +73,8 @@ class WorkerSide:
         modules = driver.attention_layers(self._config, names)
         heads, head_dim = driver.kv_heads_and_dim(self._config)
         float8 = fp8_format(driver.kv_cache_dtype(self._config))
-        scales = [layer_scales(*driver.kv_scales(modules[name]), heads) for name in names
-                  ] if float8 is not None else []
+        scales = _read_scales([modules[name] for name in names], heads) \
+            if float8 is not None else []
         probed: dict[tuple[Any, ...], CacheMap] = {}
         layers = []
         for i, name in enumerate(names):
@@ -85,8 +85,7 @@ class WorkerSide:
                          tuple(scales[i].flatten().tolist()) if scales else None)
             if signature not in probed:
                 probe = None if float8 is None else Fp8Probe(
-                    float8, driver.model_dtype(self._config), scales[i][0], scales[i][1],
-                    Fp8Cache(float8, scales[i]).exact_ints)
+                    float8, driver.model_dtype(self._config), scales[i][0], scales[i][1])
                 probed[signature] = probe_cache_map(cache, write, self._block_size, heads,
                                                     head_dim, probe)
             flat = flat_view(cache)
@@ -169,10 +168,9 @@ class WorkerSide:
             return
         logger.warning("the fp8 KV cache's scales changed; forgetting %d facts (they are "
                        "computed again)", tiers.drop_all())
-        heads = caches.fp8.scales.shape[-1]
-        caches.fp8 = Fp8Cache(caches.fp8.dtype, torch.stack(
-            [layer_scales(*driver.kv_scales(layer.module), heads) for layer in caches.layers]
-        ).to(caches.fp8.scales.device))
+        scales = _read_scales([layer.module for layer in caches.layers],
+                              caches.fp8.scales.shape[-1])
+        caches.fp8 = Fp8Cache(caches.fp8.dtype, torch.stack(scales).to(caches.fp8.scales.device))
         self._fp8_scales = now
 
     def _log_load(self, started: float, plan: StepPlan, tokens: int) -> None:
@@ -295,3 +293,8 @@ class WorkerSide:
         size = self._block_size
         table = torch.tensor(block_ids, dtype=torch.int64)
         return table[positions // size] * size + positions % size
+
+
+def _read_scales(modules: list[Any], heads: int) -> list[torch.Tensor]:
+    """Each attention layer's fp8 K and V scales as ``[2, heads]`` (on the CPU)."""
+    return [layer_scales(*driver.kv_scales(module), heads) for module in modules]

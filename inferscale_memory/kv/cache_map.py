@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
+from inferscale_memory.kv.quant import exact_ints
+
 # Writes key/value rows ``[n, heads, head_dim]`` into the cache at ``slots`` ``[n]``.
 CacheWriter = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]
 
@@ -30,14 +32,17 @@ class Fp8Probe:
         dtype: The float8 format of the cache's bytes.
         input_dtype: The dtype the writer takes (the model's).
         k_scale, v_scale: ``[heads]`` scales of the layer whose writer is probed.
-        base: Digits per pass (1..base are exact in ``dtype``).
     """
 
     dtype: torch.dtype
     input_dtype: torch.dtype
     k_scale: torch.Tensor
     v_scale: torch.Tensor
-    base: int
+
+    @property
+    def base(self) -> int:
+        """Digits per pass (1..base are exact in ``dtype``)."""
+        return exact_ints(self.dtype)
 
 
 @dataclass(frozen=True)

@@ -45,13 +45,6 @@ class Fp8Cache:
     scales: torch.Tensor
 
     @property
-    def exact_ints(self) -> int:
-        """How many integers from 1 up are exact in the format (16 for e4m3, 8 for e5m2):
-        the digits of the cache-map probe."""
-        mantissa = 3 if self.dtype == torch.float8_e4m3fn else 2
-        return 2 ** (mantissa + 1)
-
-    @property
     def max_value(self) -> float:
         return float(torch.finfo(self.dtype).max)
 
@@ -67,6 +60,13 @@ class Fp8Cache:
         limit = self.max_value
         scaled = (values / scale[:, None]).clamp(-limit, limit)
         return scaled.to(self.dtype).view(like.dtype)
+
+
+def exact_ints(dtype: torch.dtype) -> int:
+    """How many integers from 1 up are exact in a float8 format (16 for e4m3, 8 for e5m2):
+    the digits of the cache-map probe."""
+    mantissa = 3 if dtype == torch.float8_e4m3fn else 2
+    return 2 ** (mantissa + 1)
 
 
 def fp8_format(cache_dtype: object) -> torch.dtype | None:

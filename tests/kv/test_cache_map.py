@@ -228,7 +228,7 @@ def test_real_cpu_kernel_fp8_layout() -> None:
     cache = torch.zeros(REAL_NB, REAL_H, REAL_BS, 2 * REAL_D, dtype=torch.uint8)
     write = cpu_backend_writer(cache, isa, "fp8", k_scale, v_scale)
     probe = Fp8Probe(torch.float8_e4m3fn, torch.bfloat16, torch.full((REAL_H,), k_scale),
-                     torch.full((REAL_H,), v_scale), 16)
+                     torch.full((REAL_H,), v_scale))
     layout = probe_cache_map(cache, write, REAL_BS, REAL_H, REAL_D, probe)
     assert not cache.any()
     assert layout.offsets.unique().numel() == 2 * REAL_BS * REAL_H * REAL_D

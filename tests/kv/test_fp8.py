@@ -22,7 +22,7 @@ from inferscale_memory.connector.worker import WorkerSide
 from inferscale_memory.kv.cache_map import Fp8Probe, flat_view, probe_cache_map
 from inferscale_memory.kv.paged import PagedCaches, PagedLayer
 from inferscale_memory.kv.pool import PoolEntry
-from inferscale_memory.kv.quant import Fp8Cache, fp8_format, layer_scales
+from inferscale_memory.kv.quant import Fp8Cache, exact_ints, fp8_format, layer_scales
 from inferscale_memory.kv.rope import RotaryShift
 from inferscale_memory.kv.slab import KVSlab
 from inferscale_memory.kv.tiers import FactTiers
@@ -66,8 +66,7 @@ def test_the_probe_finds_an_fp8_layout_as_it_finds_a_bf16_one(make, scales: str,
                                                               fmt: torch.dtype) -> None:
     k_scale, v_scale = scales_of(scales)
     cache, write = quantizing(make, fmt, k_scale, v_scale)
-    probe = Fp8Probe(fmt, torch.bfloat16, k_scale, v_scale,
-                     Fp8Cache(fmt, torch.stack((k_scale, v_scale))[None]).exact_ints)
+    probe = Fp8Probe(fmt, torch.bfloat16, k_scale, v_scale)
     got = probe_cache_map(cache, write, BS, HEADS, DIM, probe)
     want = probe_cache_map(*make(torch.float32), BS, HEADS, DIM)
     assert torch.equal(got.offsets, want.offsets)
@@ -78,7 +77,7 @@ def test_the_probe_finds_an_fp8_layout_as_it_finds_a_bf16_one(make, scales: str,
 def test_digits_past_the_exact_integers_would_collide() -> None:
     # Why the probe's base is 16 for e4m3 and 8 for e5m2: the next integer rounds away.
     for fmt, exact in ((E4M3, 16), (E5M2, 8)):
-        assert Fp8Cache(fmt, torch.ones(1, 2, 1)).exact_ints == exact
+        assert exact_ints(fmt) == exact
         ints = torch.arange(1, exact + 2, dtype=torch.float32)
         back = ints.to(fmt).to(torch.float32)
         assert torch.equal(back[:exact], ints[:exact])
@@ -131,7 +130,7 @@ def fp8_worker(fmt: torch.dtype, scales: str, make=flash_like,
     for i in range(LAYERS):
         ks, vs = k_scale * (i + 1), v_scale * (i + 1)
         cache, write = quantizing(make, fmt, ks, vs)
-        probe = Fp8Probe(fmt, torch.bfloat16, ks, vs, 16 if fmt == E4M3 else 8)
+        probe = Fp8Probe(fmt, torch.bfloat16, ks, vs)
         module = SimpleNamespace(_k_scale=ks, _v_scale=vs, _k_scale_float=float(ks[0]),
                                  _v_scale_float=float(vs[0]))
         layers.append(PagedLayer(f"l{i}", flat_view(cache),
