@@ -151,14 +151,14 @@ def pool_budget_tokens(vllm_config: Any, key: str = "pool_bytes") -> int | None:
     budget = extra.get(key)
     if budget is None:
         return None
+    from inferscale_memory.sizing import kv_bytes_per_token, kv_itemsize
+
     heads, head_dim = kv_heads_and_dim(vllm_config)
     model_config = vllm_config.model_config
     layers = model_config.get_num_layers(vllm_config.parallel_config)
-    if kv_cache_dtype(vllm_config).startswith("fp8"):
-        itemsize = 1
-    else:
-        itemsize = torch.empty((), dtype=model_config.dtype).element_size()
-    return max(1, int(budget) // (2 * layers * heads * head_dim * itemsize))
+    itemsize = kv_itemsize(kv_cache_dtype(vllm_config),
+                           torch.empty((), dtype=model_config.dtype).element_size())
+    return max(1, int(budget) // kv_bytes_per_token(layers, heads, head_dim, itemsize))
 
 
 def host_pool_budget_tokens(vllm_config: Any) -> int | None:
