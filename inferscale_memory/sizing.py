@@ -32,8 +32,10 @@ FACT_TOKENS = 32  # the fact length of docs/scaling.md's table and bench synthet
 # What a vLLM worker holds on its GPU outside the gpu_memory_utilization share: the CUDA
 # context (~0.5 GiB on an H100/H200), cuBLAS workspaces, NCCL buffers. An estimate.
 CUDA_OVERHEAD_BYTES = 1 << 30
-# The connector's first slab holds min(4096, budget) token rows (connector/worker.py); it
-# doubles up to the budget, and holds the old rows and the new ones while it copies.
+# The connector's first slab holds min(FIRST_ROWS, budget) token rows (kv/slab.py; not
+# imported: it would bring torch into every import of the package; a test keeps the two
+# equal); it doubles up to the budget, and holds the old rows and the new ones while it
+# copies.
 FIRST_SLAB_ROWS = 4096
 _LLAMA_LIKE = ("llama", "qwen2", "mistral")  # dense decoders that weight_bytes can count
 

@@ -13,7 +13,7 @@ import torch
 from inferscale_memory.bench.shapes import write_dummy_model
 from inferscale_memory.config import MemoryConfig
 from inferscale_memory.errors import ConfigError
-from inferscale_memory.kv.slab import KVSlab
+from inferscale_memory.kv.slab import FIRST_ROWS, KVSlab
 from inferscale_memory.sizing import (
     FIRST_SLAB_ROWS,
     GIB,
@@ -33,8 +33,8 @@ HOST = 128 * GIB
 def slab_peak_rows(budget: int) -> int:
     """The most rows the connector's slab holds at once (old and new while it grows),
     created as connector/worker.py creates it and filled to its budget."""
-    slab = KVSlab(1, 1, 1, torch.uint8, "cpu", capacity=min(FIRST_SLAB_ROWS, budget),
-                  max_capacity=budget)
+    assert FIRST_SLAB_ROWS == FIRST_ROWS  # sizing's copy of the slab's first size
+    slab = KVSlab(1, 1, 1, torch.uint8, "cpu", max_capacity=budget)
     peak = slab.capacity
     for _ in range(budget // 16):
         before = slab.capacity

@@ -96,10 +96,9 @@ class WorkerSide:
         fp8 = None if float8 is None else Fp8Cache(float8, torch.stack(scales).to(first.device))
         budget = driver.pool_budget_tokens(self._config)
         device = KVSlab(len(names), heads, head_dim, first.dtype, first.device,
-                        capacity=min(4096, budget or 4096), max_capacity=budget)
+                        max_capacity=budget)
         host_budget = driver.host_pool_budget_tokens(self._config)
-        host = KVSlab(len(names), heads, head_dim, first.dtype, "cpu",
-                      capacity=min(4096, host_budget), max_capacity=host_budget,
+        host = KVSlab(len(names), heads, head_dim, first.dtype, "cpu", max_capacity=host_budget,
                       pin_memory=first.is_cuda) if host_budget else None
         self.tiers = FactTiers(device, host)
         shift = RotaryShift.from_rotary_module(

@@ -21,11 +21,14 @@ class SlabFullError(RuntimeError):
     """No free run of rows is long enough and the slab may not grow."""
 
 
+FIRST_ROWS = 4096  # a slab's rows at first (at most its maximum); it doubles from there
+
+
 class KVSlab:
     """Token rows of fact KV on the engine's device, at most ``max_capacity`` of them."""
 
     def __init__(self, layers: int, heads: int, head_dim: int, dtype: torch.dtype,
-                 device: torch.device | str, capacity: int = 4096,
+                 device: torch.device | str, capacity: int = FIRST_ROWS,
                  max_capacity: int | None = None, pin_memory: bool = False) -> None:
         self.max_capacity = max_capacity
         self.pin_memory = pin_memory  # page-locked host rows (fast, asynchronous copies)
