@@ -20,7 +20,17 @@ class ConfigError(InferScaleError, ValueError):
 
 
 class InvalidInputError(InferScaleError, ValueError):
-    """An argument is malformed: empty or oversized fact, bad ``k``, bad messages, ..."""
+    """An argument is malformed: empty or oversized fact, bad ``k``, bad messages, ...
+
+    Attributes:
+        param: The request parameter at fault where one is named, in OpenAI's dotted form
+            (``"messages.2.tool_call_id"``, ``"tools.0.function.parameters"``); the
+            server's 400 names it.
+    """
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 class UnknownUserError(InferScaleError, KeyError):
@@ -47,13 +57,10 @@ class SchemaError(InvalidInputError):
     decoding failed on it (a grammar that did not compile or admits no answer).
 
     Attributes:
-        param: The request parameter at fault, in OpenAI's dotted form
-            (``"response_format.json_schema.schema"``, ``"tools.0.function.parameters"``).
+        param: The request parameter at fault (always named).
     """
 
-    def __init__(self, message: str, param: str) -> None:
-        super().__init__(message)
-        self.param = param
+    param: str
 
 
 class ModelPreparationError(InferScaleError, RuntimeError):

@@ -22,12 +22,11 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
+from inferscale_memory.conversation import Conversation
 from inferscale_memory.errors import InvalidInputError
-from inferscale_memory.fields import unicode_text
 from inferscale_memory.tools import (
     OWN_TOOL_PARSER,
     PROBE_TOOL,
-    check_tool_calls,
     format_parser,
     own_template_messages,
     template_messages,
@@ -50,7 +49,7 @@ LAYOUT_VERSION = "1"
 # last bits from the same tokens inside a normal-sized prompt. Padding after the captured
 # span cannot change its KV (attention is causal).
 MIN_CAPTURE_TOKENS = 64
-ROLES = {"system", "user", "assistant", "tool"}
+NO_MESSAGES = Conversation(())
 
 
 @dataclass(frozen=True)
@@ -81,12 +80,12 @@ class PromptBuilder:
         self._tokenizer = tokenizer
         self._preamble = preamble
         self._postamble = postamble
-        header = self._render([], native_tools=False)[0]
+        header = self._render(NO_MESSAGES, native_tools=False)[0]
         # Whether the template renders tools after the system message, as the memory span
         # needs; if not (it ignores them, or changes the header with them, as Llama 3.1's
         # does), the footer gets our own tool prompt.
         self.renders_tools = template_renders_tools(tokenizer) and self._render(
-            [], [PROBE_TOOL], native_tools=True)[0] == header
+            NO_MESSAGES, [PROBE_TOOL], native_tools=True)[0] == header
         self.header_ids = self._encode(header)
         digest = hashlib.sha256(json.dumps(
             [LAYOUT_VERSION, self.header_ids, tokenizer.chat_template, postamble]).encode())
@@ -103,15 +102,16 @@ class PromptBuilder:
             return OWN_TOOL_PARSER
         return format_parser(str(self._tokenizer.chat_template))
 
-    def build(self, messages: Sequence[dict[str, Any]],
+    def build(self, messages: Conversation | Sequence[dict[str, Any]],
               facts: Sequence[tuple[str, str]],
               tools: Sequence[dict[str, Any]] | None = None) -> PromptLayout:
-        """Lay out ``messages`` with ``facts`` ((id, text) pairs, in prompt order) and
+        """Lay out ``messages`` (a :class:`~inferscale_memory.conversation.Conversation`,
+        or messages it checks) with ``facts`` ((id, text) pairs, in prompt order) and
         ``tools``, rendered by the chat template where it puts them after the system
         message (:attr:`renders_tools`), else by our own
         :func:`~inferscale_memory.tools.tool_prompt` at the end of the system message;
         either way after the facts, so the memory span is the same."""
-        header_text, footer_text = self._render(messages, tools)
+        header_text, footer_text = self._render(Conversation.check(messages), tools)
         if self._encode(header_text) != self.header_ids:
             if tools:  # a template whose header depends on the tools given (not the probe's)
                 raise InvalidInputError("the chat template renders tools before the system "
@@ -149,14 +149,14 @@ class PromptBuilder:
     def _encode(self, text: str) -> list[int]:
         return list(self._tokenizer.encode(text, add_special_tokens=False))
 
-    def _render(self, messages: Sequence[dict[str, Any]],
+    def _render(self, messages: Conversation,
                 tools: Sequence[dict[str, Any]] | None = None, *,
                 native_tools: bool | None = None) -> tuple[str, str]:
         """Header and footer text; ``native_tools``: the template renders the tools and
         tool turns (default: :attr:`renders_tools`), else our own tool prompt does."""
         native = self.renders_tools if native_tools is None else native_tools
-        checked = validate_messages(messages)
-        conversation = template_messages(checked) if native else own_template_messages(checked)
+        conversation = template_messages(messages) if native \
+            else own_template_messages(messages)
         extra = [m["content"] for m in conversation if m["role"] == "system"]
         rest = [m for m in conversation if m["role"] != "system"]
         own_tools = [tool_prompt(tools)] if tools and not native else []
@@ -208,45 +208,3 @@ def prompt_contexts(prompt: Sequence[Fact], facts: Sequence[Fact], count: int
     at = {fact.id: i for i, fact in enumerate(prompt)}
     return {fact.id: tuple(f.text for f in prompt[max(0, at[fact.id] - count):at[fact.id]])
             for fact in facts}
-
-
-def validate_messages(messages: Any) -> list[dict[str, Any]]:
-    """Check an OpenAI-style message list; return it as plain dicts.
-
-    Besides ``system``, ``user`` and ``assistant`` messages (``content`` text), an
-    assistant message may carry ``tool_calls`` (its ``content`` may then be ``None``), and a
-    ``tool`` message answers one of them (``tool_call_id``, ``content`` the result).
-    """
-    if not isinstance(messages, Sequence) or isinstance(messages, str | bytes):
-        raise InvalidInputError("messages must be a list of {'role', 'content'} dicts")
-    out = []
-    for i, message in enumerate(messages):
-        if not isinstance(message, dict):
-            raise InvalidInputError(f"message {i} must be a dict")
-        role, content = message.get("role"), message.get("content")
-        if not isinstance(role, str) or role not in ROLES:
-            raise InvalidInputError(f"message {i}: role must be one of {sorted(ROLES)}")
-        if role == "assistant" and message.get("tool_calls"):
-            out.append(_tool_call_message(message, i))
-            continue
-        if not isinstance(content, str):
-            raise InvalidInputError(f"message {i}: content must be a string")
-        unicode_text(content, f"message {i}: content")
-        if role == "tool":
-            if not isinstance(message.get("tool_call_id"), str):
-                raise InvalidInputError(f"message {i}: a tool message needs tool_call_id")
-            out.append({"role": role, "content": content,
-                        "tool_call_id": message["tool_call_id"]})
-            continue
-        out.append({"role": role, "content": content})
-    return out
-
-
-def _tool_call_message(message: dict[str, Any], i: int) -> dict[str, Any]:
-    content = message.get("content")
-    if content is not None and not isinstance(content, str):
-        raise InvalidInputError(f"message {i}: content must be a string or null")
-    if content is not None:
-        unicode_text(content, f"message {i}: content")
-    return {"role": "assistant", "content": content or "",
-            "tool_calls": check_tool_calls(message["tool_calls"], f"message {i}")}

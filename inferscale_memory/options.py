@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from inferscale_memory.conversation import Conversation
 from inferscale_memory.errors import InvalidInputError
 from inferscale_memory.fields import (
     FactCount,
@@ -34,7 +35,6 @@ from inferscale_memory.fields import (
     check,
     describe,
 )
-from inferscale_memory.layout import validate_messages
 from inferscale_memory.schema_limits import SchemaLimits
 from inferscale_memory.store import Fact, ScoredFact
 from inferscale_memory.tools import ToolRequest, check_tool_request, refuse_without_template
@@ -105,7 +105,7 @@ def check_options(options: dict[str, Any], *, default_max_tokens: int,
 class ChatRequest:
     """One chat call, checked: its conversation and what shapes its answer."""
 
-    conversation: list[dict[str, Any]]
+    conversation: Conversation
     k: int
     max_tokens: int
     fact_order: str
@@ -126,7 +126,7 @@ def check_chat(config: MemoryConfig, messages: Any, *, k: int | None, mode: str,
             or tool results), a bad ``k``, ``mode``, ``memory``, quality option or
             generation option, or tools when the engine's ``tool_parser`` is ``None``.
     """
-    conversation = validate_messages(messages)
+    conversation = Conversation.check(messages)
     if not conversation or conversation[-1]["role"] not in ("user", "tool") \
             or not any(m["role"] == "user" for m in conversation):
         raise InvalidInputError("the last message must be the user's (or tool results)")

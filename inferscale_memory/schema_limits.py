@@ -4,8 +4,12 @@ A ``response_format`` schema or a tool's ``parameters`` is compiled by vLLM's gr
 compiler (xgrammar) in the engine core, the one process that serves every user: a schema
 of 8,000 properties grew it from 0.6 to 8.2 GB, and the pattern ``^(a+)+$`` held it for
 over two minutes while other users waited. :func:`check_guided` refuses such schemas
-before they reach vLLM, in the engine (:func:`~inferscale_memory.tools.check_tool_request`)
-and in the server, which both read the limits from ``MemoryConfig.schema_limits``.
+before they reach vLLM, in the engine (:func:`~inferscale_memory.tools.check_tool_request`,
+which the server's requests go through too), with the limits of
+``MemoryConfig.schema_limits``. It also refuses schemas that no answer can conform to:
+a ``type`` that admits nothing (``[]``, or no JSON type) and a ``$ref`` to another
+document (the grammar compiler fetches nothing); both were answered with unconstrained
+JSON, as if it conformed.
 
 A schema is measured as a whole (its compact JSON, its properties and ``$ref`` count) and per
 subschema (its nesting, its ``enum``, its regexes); the tools of one request are measured
@@ -44,6 +48,7 @@ _QUANTIFIER = re.compile(r"[*+?]|\{(\d+)(?:(,)(\d*))?\}")
 _GROUP_OPEN = re.compile(r"\((?:\?(?:P?<[A-Za-z_][A-Za-z0-9_]*>|[A-Za-z-]*:))?")
 _LOOKAROUNDS = ("(?=", "(?!", "(?<=", "(?<!")
 _BACKREFERENCE = re.compile(r"\\(?:[1-9]|k<)")
+JSON_TYPES = frozenset({"string", "number", "integer", "boolean", "object", "array", "null"})
 
 
 @dataclass(frozen=True)
@@ -137,10 +142,11 @@ def check_guided(limits: SchemaLimits, response_schema: dict[str, Any] | None = 
 
 
 def check_schema(schema: dict[str, Any], limits: SchemaLimits, param: str) -> SchemaSize:
-    """Refuse one schema past ``limits``; its size otherwise.
+    """Refuse one schema past ``limits`` or admitting no value; its size otherwise.
 
     Raises:
-        SchemaLimitError: Naming ``param``.
+        SchemaLimitError: Past ``limits``, naming ``param``.
+        SchemaError: An empty or unknown ``type``, or a ``$ref`` outside the schema.
     """
     size = _json_bytes(schema, limits, param)
     if size > limits.schema_bytes:
@@ -151,6 +157,9 @@ def check_schema(schema: dict[str, Any], limits: SchemaLimits, param: str) -> Sc
         if depth > limits.depth:
             raise _over(param, f"subschemas are nested {depth} deep (at {where[:200]})",
                         limits, "depth")
+        problem = _admits_nothing(node)
+        if problem is not None:
+            raise SchemaError(f"{param}: {problem} (at {where})", param)
         properties += len(node["properties"]) if isinstance(node.get("properties"), dict) else 0
         refs += "$ref" in node
         enum = node.get("enum")
@@ -242,6 +251,22 @@ def _json_bytes(schema: dict[str, Any], limits: SchemaLimits, param: str) -> int
         raise SchemaLimitError(f"{param}: the schema is not JSON ({exc})", param,
                                None) from None
     return len(text.encode("utf-8", "surrogatepass"))
+
+
+def _admits_nothing(node: dict[str, Any]) -> str | None:
+    """Why no value can conform to ``node`` (its own keywords only), or ``None``."""
+    if "type" in node:
+        types = node["type"] if isinstance(node["type"], list) else [node["type"]]
+        if not types:
+            return "type [] admits no value"
+        unknown = [t for t in types if not isinstance(t, str) or t not in JSON_TYPES]
+        if unknown:
+            return f"type {unknown[0]!r} is not a JSON type (one of {sorted(JSON_TYPES)})"
+    ref = node.get("$ref")
+    if "$ref" in node and not (isinstance(ref, str) and ref.startswith("#")):
+        return (f"$ref {ref!r} points outside the schema; only references within it "
+                "(\"#/$defs/...\") are supported")
+    return None
 
 
 def _patterns(node: dict[str, Any]) -> Iterator[str]:

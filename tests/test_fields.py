@@ -11,6 +11,7 @@ import pytest
 from pydantic import ValidationError
 
 from inferscale_memory import ConfigError, InvalidInputError, MemoryConfig
+from inferscale_memory.conversation import Conversation
 from inferscale_memory.fields import (
     FACT_ORDERS,
     FactCount,
@@ -21,7 +22,6 @@ from inferscale_memory.fields import (
     check,
     unicode_text,
 )
-from inferscale_memory.layout import validate_messages
 from inferscale_memory.options import check_options
 from inferscale_memory.server.schemas import ChatCompletionRequest, MemoryOptions
 
@@ -82,7 +82,7 @@ def test_one_unicode_check_names_the_place() -> None:
     with pytest.raises(InvalidInputError, match=r"the query holds a lone surrogate .* 3"):
         unicode_text("abc\udc80", "the query")
     with pytest.raises(InvalidInputError, match="message 0: content holds a lone surrogate"):
-        validate_messages([{"role": "user", "content": "\ud800"}])
+        Conversation.check([{"role": "user", "content": "\ud800"}])
     with pytest.raises(InvalidInputError, match=r"stop\.1: the text holds a lone surrogate"):
         check_options({"stop": ["ok", "\ud800"]}, default_max_tokens=8)
 

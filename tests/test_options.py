@@ -11,9 +11,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from inferscale_memory.conversation import Conversation
 from inferscale_memory.errors import InvalidInputError
 from inferscale_memory.fields import SEED_MAX, SEED_MIN
-from inferscale_memory.layout import validate_messages
 from inferscale_memory.options import check_options
 
 
@@ -142,7 +142,7 @@ def test_accepted_options_have_the_types_vllm_decodes(options: dict[str, Any]) -
 )
 def test_bad_messages_are_refused(messages: Any) -> None:
     with pytest.raises(InvalidInputError):
-        validate_messages(messages)
+        Conversation.check(messages)
 
 
 # -- a whole chat call (check_chat), against an engine's config, still without an engine --
@@ -168,7 +168,7 @@ def test_a_chat_call_takes_the_configs_values_for_what_it_leaves_out() -> None:
     request = chat()
     assert (request.k, request.max_tokens, request.fact_order, request.recompute_tail) == (
         7, 12, "time", 3)
-    assert request.conversation == QUESTION and request.tooling is None
+    assert list(request.conversation) == QUESTION and request.tooling is None
     assert request.sampling == {"temperature": 0.0}  # max_tokens is taken out
     given = chat(k=2, fact_order="rank", recompute_tail=0, max_tokens=5, seed=3)
     assert (given.k, given.max_tokens, given.fact_order, given.recompute_tail) == (

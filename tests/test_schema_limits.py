@@ -13,7 +13,7 @@ import pytest
 from pydantic import BaseModel, Field
 
 import inferscale_memory.schema_limits
-from inferscale_memory import InvalidInputError, MemoryConfig
+from inferscale_memory import InvalidInputError, MemoryConfig, SchemaError
 from inferscale_memory.options import check_chat
 from inferscale_memory.schema_limits import (
     SchemaLimitError,
@@ -47,6 +47,9 @@ class Person(BaseModel):
     email: str = Field(pattern=r"^[^@\s]+@[^@\s]+\.[a-z]{2,}$")
     addresses: list[Address] = []
     tags: dict[str, str] = {}
+
+
+WEATHER = {"type": "function", "function": {"name": "weather"}}
 
 
 def json_schema(schema: dict[str, Any]) -> dict[str, Any]:
@@ -83,6 +86,36 @@ def test_real_schemas_pass(schema: dict[str, Any]) -> None:
 
 def test_the_mem0_adapters_format_passes() -> None:
     assert check_tool_request(response_format=EXTRACTION_FORMAT) is not None
+
+
+# Schemas no answer can conform to: guided decoding answered them with unconstrained JSON.
+ADMIT_NOTHING: list[dict[str, Any]] = [
+    {"type": []},
+    {"type": "text"},
+    {"type": ["string", 3]},
+    {"properties": {"a": {"items": [{"$ref": "other.json#/a"}]}}},
+    {"anyOf": [{"$ref": "https://example.com/s.json"}]},
+    {"$defs": {"a": {"$ref": 7}}},
+]
+
+
+@pytest.mark.parametrize("schema", [
+    # properties named like keywords, and data that looks like a schema
+    {"type": "object", "properties": {"type": {"type": "string"}, "$ref": {"type": "string"}}},
+    {"enum": [{"$ref": "https://example.com"}, {"type": []}], "default": {"type": []}},
+    {"$defs": {"n": {"type": ["integer", "null"]}}, "items": {"$ref": "#/$defs/n"}},
+    {"anyOf": [True, {"type": "string"}], "not": False},
+], ids=["keyword-names", "data", "local-ref", "booleans"])
+def test_schemas_that_admit_values_pass(schema: dict[str, Any]) -> None:
+    check_guided(SchemaLimits(), schema)
+
+
+@pytest.mark.parametrize("schema", ADMIT_NOTHING, ids=[str(i) for i in range(len(ADMIT_NOTHING))])
+def test_empty_types_and_outside_refs_are_refused(schema: dict[str, Any]) -> None:
+    with pytest.raises(SchemaError) as caught:
+        check_tool_request(tools=[WEATHER, tool("f", schema)])
+    assert caught.value.param == "tools.1.function.parameters"
+    assert not isinstance(caught.value, SchemaLimitError)  # over HTTP: 400 invalid_schema
 
 
 @pytest.mark.parametrize("pattern", ["^(a+)+$", "^(a*)*$", "^(a|a)*$", "^(a|ab)+$",

@@ -13,7 +13,8 @@ import pytest
 from tool_model import QWEN25_TEMPLATE
 
 from inferscale_memory import InvalidInputError
-from inferscale_memory.layout import PromptBuilder, validate_messages
+from inferscale_memory.conversation import Conversation
+from inferscale_memory.layout import PromptBuilder
 from inferscale_memory.tools import (
     OWN_TOOL_PARSER,
     TOOL_MODELS,
@@ -256,7 +257,7 @@ def test_tool_messages_render_after_the_memory_span(qwen: Any) -> None:
 ])
 def test_bad_tool_messages_are_refused(message: dict[str, Any], match: str) -> None:
     with pytest.raises(InvalidInputError, match=match):
-        validate_messages([message])
+        Conversation.check([message])
 
 
 # The public names of inferscale_memory/tools.py before it was split by noun (issue 32):

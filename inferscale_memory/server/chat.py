@@ -19,7 +19,6 @@ from fastapi.responses import StreamingResponse
 
 from inferscale_memory.markup import ashown_stream, shown
 from inferscale_memory.results import ChatChunk, ChatResult
-from inferscale_memory.schema_limits import SchemaLimits
 from inferscale_memory.server.context import ServerContext, context, principal, request_user
 from inferscale_memory.server.errors import (
     APIError,
@@ -27,7 +26,6 @@ from inferscale_memory.server.errors import (
     ErrorResponseDoc,
     sse_error,
 )
-from inferscale_memory.server.request_checks import check_request
 from inferscale_memory.server.schemas import (
     AssistantMessage,
     ChatCompletion,
@@ -154,7 +152,6 @@ class _Call:
         if body.stream and body.logprobs:
             raise APIError(400, "logprobs are only supported without stream",
                            param="logprobs", code="unsupported_parameter")
-        check_request(body, SchemaLimits(**ctx.engine.config.schema_limits))
         return cls(ctx, body, user, salt_user)
 
     def observe(self, result: ChatResult) -> None:

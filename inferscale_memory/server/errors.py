@@ -108,7 +108,8 @@ def from_exception(exc: BaseException) -> APIError:
         return schema_error(exc)
     for kind, status, type_, code in LIBRARY_ERRORS:
         if isinstance(exc, kind):
-            return APIError(status, str(exc) or kind.__name__, type=type_, code=code)
+            return APIError(status, str(exc) or kind.__name__, type=type_, code=code,
+                            param=getattr(exc, "param", None))
     if is_engine_dead(exc):  # vLLM's engine core died
         return APIError(503, "the engine is not running", type="server_error",
                         code="engine_unavailable")

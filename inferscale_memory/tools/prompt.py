@@ -58,7 +58,7 @@ def call_text(name: str, arguments: str) -> str:
 
 
 def own_template_messages(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Checked messages (:func:`~inferscale_memory.layout.validate_messages`) for a chat
+    """Checked messages (:class:`~inferscale_memory.conversation.Conversation`) for a chat
     template that knows no tools: an assistant's ``tool_calls`` become its text (one
     :func:`call_text` line each), and a run of ``tool`` results becomes one user turn of
     ``<tool_response>`` blocks."""
