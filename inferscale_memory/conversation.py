@@ -15,9 +15,8 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
-from typing import Any, overload
+from collections.abc import Sequence
+from typing import Any
 
 from inferscale_memory.errors import InvalidInputError
 from inferscale_memory.fields import unicode_text
@@ -26,14 +25,13 @@ from inferscale_memory.tools import check_tool_calls
 ROLES = {"system", "user", "assistant", "tool"}
 
 
-@dataclass(frozen=True)
-class Conversation(Sequence[dict[str, Any]]):
+class Conversation(tuple[dict[str, Any], ...]):
     """Messages that passed :meth:`check`, as plain dicts: ``system``, ``user`` and
     ``assistant`` messages with text ``content``, an assistant's ``tool_calls`` (its
     ``content`` then ``""`` where none was given), and ``tool`` messages answering an
     earlier call (``tool_call_id``)."""
 
-    messages: tuple[dict[str, Any], ...]
+    __slots__ = ()
 
     @classmethod
     def check(cls, messages: Any) -> Conversation:
@@ -53,22 +51,7 @@ class Conversation(Sequence[dict[str, Any]]):
         for i, message in enumerate(messages):
             out.append(_message(message, i, called))
             called.update(call["id"] for call in out[-1].get("tool_calls", ()))
-        return cls(tuple(out))
-
-    @overload
-    def __getitem__(self, index: int) -> dict[str, Any]: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> Sequence[dict[str, Any]]: ...
-
-    def __getitem__(self, index: int | slice) -> Any:
-        return self.messages[index]
-
-    def __len__(self) -> int:
-        return len(self.messages)
-
-    def __iter__(self) -> Iterator[dict[str, Any]]:
-        return iter(self.messages)
+        return cls(out)
 
 
 def _message(message: Any, i: int, called: set[str]) -> dict[str, Any]:
