@@ -79,6 +79,16 @@ class RequestFailedError(EngineError):
     """
 
 
+class EngineDiedError(EngineError):
+    """vLLM's engine core process died (killed, out of memory, or crashed: vLLM's log says
+    why), so the engine answers nothing more: every call that needs vLLM raises this at
+    once, with vLLM's ``EngineDeadError`` as its cause, and ``healthy`` is ``False``.
+    Close the engine and start a new :class:`~inferscale_memory.MemoryEngine` (a server:
+    restart it); the facts are in the store, their KV is recomputed as answers need it.
+    Over HTTP: 503 ``engine_unavailable``.
+    """
+
+
 class EngineClosedError(EngineError):
     """The engine was closed: start a new :class:`~inferscale_memory.MemoryEngine`."""
 

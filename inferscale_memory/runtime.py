@@ -18,7 +18,7 @@ import shutil
 import threading
 import time
 import weakref
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Coroutine, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +31,7 @@ from inferscale_memory.connector.report import ConnectorReport
 from inferscale_memory.driver import frontend
 from inferscale_memory.errors import (
     EngineClosedError,
+    EngineDiedError,
     EngineError,
     RequestFailedError,
     SchemaError,
@@ -220,7 +221,8 @@ class VllmRuntime:
 
         Raises:
             RequestFailedError: vLLM ended the request as an error (``finish_reason``
-                "error"), after the text it had streamed.
+                "error"), after the text it had streamed, or its ``generate`` failed it.
+            EngineDiedError: vLLM's engine core died (see :func:`engine_failures`).
         """
         extra = {"kv_transfer_params": params.to_dict()} if params is not None else None
         sampling = frontend.delta_sampling_params(
@@ -233,32 +235,31 @@ class VllmRuntime:
         done = Completion(logprobs=[] if logprobs else None)
         start = time.perf_counter()
         request_id = f"ism-{next(self._ids)}"
-        async for out in self._llm.generate(prompt, sampling, request_id):
-            piece = out.outputs[0]
-            if piece.token_ids and not done.token_ids:
-                done.ttft_s = time.perf_counter() - start
-            done.token_ids.extend(piece.token_ids)
-            done.text += piece.text or ""
-            if logprobs and piece.logprobs:
-                done.logprobs.extend({t: lp.logprob for t, lp in step.items()}  # type: ignore[union-attr]
-                                     for step in piece.logprobs)
-            if out.finished:
-                done.latency_s = time.perf_counter() - start
-                done.num_cached_tokens = out.num_cached_tokens or 0
-                done.report = ConnectorReport.from_output(out.kv_transfer_params)
-                done.finish_reason = piece.finish_reason
-            ended = out.finished and done.finish_reason != "error"
-            if piece.text or ended:
-                yield Delta(piece.text, done if ended else None)
+        with engine_failures(f"request {request_id}"):
+            async for out in self._llm.generate(prompt, sampling, request_id):
+                piece = out.outputs[0]
+                if piece.token_ids and not done.token_ids:
+                    done.ttft_s = time.perf_counter() - start
+                done.token_ids.extend(piece.token_ids)
+                done.text += piece.text or ""
+                if logprobs and piece.logprobs:
+                    done.logprobs.extend({t: lp.logprob for t, lp in step.items()}  # type: ignore[union-attr]
+                                         for step in piece.logprobs)
+                if out.finished:
+                    done.latency_s = time.perf_counter() - start
+                    done.num_cached_tokens = out.num_cached_tokens or 0
+                    done.report = ConnectorReport.from_output(out.kv_transfer_params)
+                    done.finish_reason = piece.finish_reason
+                ended = out.finished and done.finish_reason != "error"
+                if piece.text or ended:
+                    yield Delta(piece.text, done if ended else None)
         # Raised once vLLM's generator has ended (its last output is the finished one):
         # raising inside the loop would leave it to be closed later, aborting a request
         # that is already over.
         if done.finish_reason == "error":
-            raise RequestFailedError(
-                f"the engine failed request {request_id}: vLLM ended it with finish_reason "
-                "\"error\" (its engine core could not prepare or run it; vLLM's log says "
-                "why); the engine goes on serving other requests: send it again, and report "
-                "it if it recurs")
+            raise request_failed(f"request {request_id}", "vLLM ended it with finish_reason "
+                                 "\"error\" (its engine core could not prepare or run it; "
+                                 "vLLM's log says why)")
 
     async def complete(self, token_ids: list[int], **kwargs: Any) -> Completion:
         """Generate from ``token_ids`` and return the whole :class:`Completion`."""
@@ -286,7 +287,8 @@ class VllmRuntime:
 
     async def reset_prefix_cache(self) -> None:
         """Forget vLLM's prefix cache (benchmarks and tests use it for fresh prefills)."""
-        await self._llm.reset_prefix_cache()
+        with engine_failures("resetting the prefix cache"):
+            await self._llm.reset_prefix_cache()
 
     # -- shutdown ------------------------------------------------------------------------
 
@@ -371,12 +373,40 @@ async def refusing_bad_schemas(deltas: AsyncIterator[Delta], param: str
     except StopAsyncIteration:
         return
     except RequestFailedError as exc:
+        if exc.__cause__ is not None:  # vLLM's generate raised: not the grammar's doing
+            raise
         raise SchemaError(f"{param}: guided decoding failed on this JSON schema: the engine "
                           "could not compile its grammar, or the grammar admits no answer "
                           "(e.g. a $ref that refers only to itself); simplify it",
                           param) from exc
     finally:
         await deltas.aclose()  # type: ignore[attr-defined]
+
+
+@contextlib.contextmanager
+def engine_failures(what: str) -> Iterator[None]:
+    """vLLM's errors of ``what`` (a request, a call of vLLM) that the engine caused, not
+    the caller's input, raised as the library's, vLLM's chained: ``EngineDeadError`` (its
+    engine core died) as :class:`~inferscale_memory.errors.EngineDiedError`, and
+    ``EngineGenerateError`` (``generate`` failed this request, vLLM serves on) as
+    :class:`~inferscale_memory.errors.RequestFailedError`."""
+    try:
+        yield
+    except frontend.engine_errors() as exc:
+        if frontend.is_engine_dead(exc):
+            raise EngineDiedError(
+                f"vLLM's engine core died ({what} failed): the engine answers nothing more "
+                "(vLLM's log says why: killed, out of memory, a crash); close it and start a "
+                "new MemoryEngine (a server: restart it), the facts are kept") from exc
+        cause = exc.__cause__ or exc
+        raise request_failed(what, f"vLLM's generate raised {type(cause).__name__}: "
+                             f"{cause}") from exc
+
+
+def request_failed(what: str, how: str) -> RequestFailedError:
+    """The error of a request that vLLM failed while it serves on."""
+    return RequestFailedError(f"the engine failed {what}: {how}; the engine goes on serving "
+                              "other requests: send it again, and report it if it recurs")
 
 
 def _close_open_runtimes_at_exit() -> None:

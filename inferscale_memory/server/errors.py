@@ -16,7 +16,6 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from inferscale_memory.driver.frontend import is_engine_dead
 from inferscale_memory.errors import (
     ContextLengthError,
     EngineError,
@@ -42,6 +41,7 @@ LIBRARY_ERRORS: list[tuple[type[Exception], int, str, str | None]] = [
     # vLLM failed this one request and goes on serving: the server's fault, not the
     # client's, and no outage (docs/reliability.md, "Status by cause").
     (RequestFailedError, 500, "server_error", "engine_request_failed"),
+    # Closed, or its engine core died (EngineDiedError): the engine serves nothing more.
     (EngineError, 503, "server_error", "engine_unavailable"),
     (InferScaleError, 500, "server_error", None),
 ]
@@ -110,10 +110,19 @@ def from_exception(exc: BaseException) -> APIError:
         if isinstance(exc, kind):
             return APIError(status, str(exc) or kind.__name__, type=type_, code=code,
                             param=getattr(exc, "param", None))
-    if is_engine_dead(exc):  # vLLM's engine core died
-        return APIError(503, "the engine is not running", type="server_error",
-                        code="engine_unavailable")
     return APIError(500, "internal server error", type="server_error", code="internal_error")
+
+
+def log_failure(what: str, exc: BaseException) -> None:
+    """Log ``what`` failed with ``exc`` if it is answered as the server's fault (5xx): a
+    library error in one line (its message says what happened and what to do), anything
+    else with its traceback (a bug of the server)."""
+    if from_exception(exc).status < 500:
+        return
+    if isinstance(exc, InferScaleError):
+        logger.error("%s failed: %s", what, exc)
+    else:
+        logger.error("%s failed", what, exc_info=exc)
 
 
 def schema_error(exc: SchemaError) -> APIError:
@@ -171,14 +180,10 @@ def install_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(InferScaleError)
     async def library_error(request: Request, exc: InferScaleError) -> JSONResponse:
-        error = from_exception(exc)
-        if error.status >= 500:
-            logger.error("%s %s failed: %s", request.method, request.url.path, exc)
-        return error.response()
+        log_failure(f"{request.method} {request.url.path}", exc)
+        return from_exception(exc).response()
 
     @app.exception_handler(Exception)
     async def unexpected_error(request: Request, exc: Exception) -> JSONResponse:
-        error = from_exception(exc)
-        if error.status >= 500:
-            logger.exception("%s %s failed", request.method, request.url.path)
-        return error.response()
+        log_failure(f"{request.method} {request.url.path}", exc)
+        return from_exception(exc).response()

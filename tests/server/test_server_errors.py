@@ -12,13 +12,19 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from inferscale_memory.errors import EngineError, RequestFailedError, SchemaError
+from inferscale_memory.errors import (
+    EngineDiedError,
+    EngineError,
+    RequestFailedError,
+    SchemaError,
+)
 from inferscale_memory.server.errors import install_handlers, sse_error
 
 CAUSES = [  # (error, status, code)
     (SchemaError("response_format: no grammar", "response_format"), 400, "invalid_schema"),
     (RequestFailedError("the engine failed request ism-1"), 500, "engine_request_failed"),
     (EngineError("vLLM is gone"), 503, "engine_unavailable"),
+    (EngineDiedError("vLLM's engine core died"), 503, "engine_unavailable"),
 ]
 
 
