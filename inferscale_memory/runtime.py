@@ -28,7 +28,7 @@ from inferscale_memory import lifeline
 from inferscale_memory.config import MemoryConfig
 from inferscale_memory.connector.params import RequestParams, cache_salt
 from inferscale_memory.connector.report import ConnectorReport
-from inferscale_memory.driver import frontend
+from inferscale_memory.driver import frontend, guided_json
 from inferscale_memory.errors import (
     EngineClosedError,
     EngineDiedError,
@@ -217,7 +217,9 @@ class VllmRuntime:
         ``sampling_options``: ``top_p``, ``top_k``, ``presence_penalty``,
         ``frequency_penalty`` (checked by :func:`~inferscale_memory.options.check_options`).
         ``structured_outputs``: keyword arguments of vLLM's ``StructuredOutputsParams``
-        (guided decoding; the same fields in vLLM 0.26 and 0.32).
+        (guided decoding; the same fields in vLLM 0.26 and 0.32); a ``json`` or
+        ``json_object`` one is sent as its grammar, JSON written with ``", "`` and ``": "``
+        and no other whitespace (:mod:`inferscale_memory.driver.guided_json`).
 
         Raises:
             RequestFailedError: vLLM ended the request as an error (``finish_reason``
@@ -225,6 +227,8 @@ class VllmRuntime:
             EngineDiedError: vLLM's engine core died (see :func:`engine_failures`).
         """
         extra = {"kv_transfer_params": params.to_dict()} if params is not None else None
+        if structured_outputs is not None:
+            structured_outputs = await guided_json.as_grammar(structured_outputs)
         sampling = frontend.delta_sampling_params(
             max_tokens=max_tokens, temperature=temperature, stop=stop, logprobs=logprobs,
             seed=seed, extra_args=extra, ignore_eos=ignore_eos, detokenize=self.detokenize,
@@ -443,11 +447,7 @@ def engine_arguments(model_path: Path, config: MemoryConfig, *, connector: bool 
         tensor_parallel_size=config.tensor_parallel_size,
         gpu_memory_utilization=config.gpu_memory_utilization,
         enable_prefix_caching=True,
-        # Guided decoding (tools, response_format) writes compact JSON: with any
-        # whitespace allowed, a small model can spend max_tokens on it. vLLM 0.26 and
-        # 0.32 read this engine-wide, not per request, and only for a named backend
-        # (xgrammar: vLLM's default under "auto").
-        structured_outputs_config=frontend.compact_json_outputs_config(),
+        structured_outputs_config=frontend.structured_outputs_config(),
         **frontend.front_end_settings(),
     )
     if connector:

@@ -156,10 +156,12 @@ def _sampling_params() -> None:
     from vllm.sampling_params import RequestOutputKind
 
     from inferscale_memory.driver.frontend import delta_sampling_params
+    from inferscale_memory.driver.guided_json import json_grammar
 
     extra = {"kv_transfer_params": {"inferscale": {"user": "u"}}}
-    # every keyword runtime.stream passes, and each structured_outputs form tools/request.py makes
-    for guided in (None, {"json": {"type": "object"}}, {"json_object": True}):
+    # every keyword runtime.stream passes, and the structured_outputs form it sends (a
+    # json or json_object constraint of tools/request.py, as driver/guided_json.py's grammar)
+    for guided in (None, {"grammar": json_grammar('{"type": "object"}')}):
         sampling = delta_sampling_params(
             max_tokens=3, temperature=0.0, stop=["x"], logprobs=2, seed=1, extra_args=extra,
             ignore_eos=False, detokenize=True, skip_special_tokens=True,
@@ -211,10 +213,32 @@ def _validation_error() -> None:
 
 
 def _structured_outputs_config() -> None:
-    from inferscale_memory.driver.frontend import compact_json_outputs_config
+    from inferscale_memory.driver.frontend import structured_outputs_config
 
-    config = compact_json_outputs_config()
-    assert (config.backend, config.disable_any_whitespace) == ("xgrammar", True)
+    assert structured_outputs_config().backend == "xgrammar"
+
+
+def _guided_json_grammar() -> None:
+    """vLLM's xgrammar backend takes the grammar as xgrammar's EBNF (not Lark), and refuses
+    through our check what its own ``json`` validation refuses."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import StructuredOutputsParams
+    from vllm.v1.structured_output.backend_xgrammar import validate_xgrammar_grammar
+    from vllm.v1.structured_output.utils import grammar_is_likely_lark
+
+    from inferscale_memory.driver.frontend import request_validation_errors
+    from inferscale_memory.driver.guided_json import json_grammar
+
+    grammar = json_grammar('{"type": "object", "properties": {"a": {"type": "integer"}}}')
+    assert not grammar_is_likely_lark(grammar)
+    validate_xgrammar_grammar(SamplingParams(
+        structured_outputs=StructuredOutputsParams(grammar=grammar)))
+    unsupported = '{"type": "integer", "multipleOf": 2}'
+    with pytest.raises(ValueError, match="not supported by xgrammar"):
+        json_grammar(unsupported)
+    with pytest.raises(request_validation_errors(), match="not supported by xgrammar"):
+        validate_xgrammar_grammar(SamplingParams(
+            structured_outputs=StructuredOutputsParams(json=unsupported)))
 
 
 def _kv_transfer_config() -> None:
@@ -567,8 +591,11 @@ TOUCHES: tuple[Touch, ...] = (
           "inferscale_memory/driver/frontend.py", _extracted_tool_calls),
     Touch("vllm.exceptions.VLLMValidationError", "inferscale_memory/driver/frontend.py",
           _validation_error),
-    Touch("StructuredOutputsConfig(backend, disable_any_whitespace)",
-          "inferscale_memory/driver/frontend.py", _structured_outputs_config),
+    Touch("StructuredOutputsConfig(backend)", "inferscale_memory/driver/frontend.py",
+          _structured_outputs_config),
+    Touch("StructuredOutputsParams(grammar=xgrammar EBNF), backend_xgrammar's "
+          "has_xgrammar_unsupported_json_features, sampling_params.check_json_nesting (0.32)",
+          "inferscale_memory/driver/guided_json.py", _guided_json_grammar),
     Touch("KVTransferConfig(kv_connector_module_path, kv_load_failure_policy)",
           "inferscale_memory/driver/frontend.py", _kv_transfer_config),
     Touch("compilation_config.static_forward_context", "inferscale_memory/driver/engine.py",

@@ -272,14 +272,14 @@ def request_validation_errors() -> tuple[type[Exception], ...]:
     return (ValueError, VLLMValidationError)
 
 
-def compact_json_outputs_config() -> Any:
+def structured_outputs_config() -> Any:
     """The engine's ``StructuredOutputsConfig``: xgrammar (vLLM's default under "auto"),
-    compact JSON. With any whitespace allowed a small model can spend ``max_tokens`` on
-    it; vLLM 0.26 and 0.32 read ``disable_any_whitespace`` engine-wide only, and only for
-    a named backend."""
+    named because the runtime sends guided JSON as xgrammar's own grammar
+    (:mod:`~inferscale_memory.driver.guided_json`), whose whitespace vLLM's engine-wide
+    ``disable_any_whitespace`` does not touch."""
     from vllm.config import StructuredOutputsConfig
 
-    return StructuredOutputsConfig(backend="xgrammar", disable_any_whitespace=True)
+    return StructuredOutputsConfig(backend="xgrammar")
 
 
 def kv_transfer_config(module: str, cls: str, extra: dict[str, Any]) -> Any:

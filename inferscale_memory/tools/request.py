@@ -37,8 +37,9 @@ class ToolRequest:
         return self.choice["function"]["name"] if isinstance(self.choice, dict) else None
 
     def structured_outputs(self) -> dict[str, Any] | None:
-        """Keyword arguments of vLLM's ``StructuredOutputsParams``, or ``None`` (the JSON
-        is compact: the runtime starts vLLM with ``disable_any_whitespace``)."""
+        """Keyword arguments of vLLM's ``StructuredOutputsParams``, or ``None``. The runtime
+        sends a ``json`` or ``json_object`` one as its grammar, JSON with ``", "`` and
+        ``": "`` and no other whitespace (:mod:`inferscale_memory.driver.guided_json`)."""
         if self.calls_tools and self.named is not None:
             return {"json": self._parameters(self.named)}
         if self.calls_tools and self.choice == "required":
