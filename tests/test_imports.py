@@ -44,6 +44,7 @@ PRIVATE_VLLM_NAMES = (
     "_k_scale_float", "_v_scale_float",
     "do_kv_cache_update", "static_forward_context", "_dynamo", "finalize_loading",
     "vllm_config", "output_handler", "errored", "num_gpu_blocks", "EngineDeadError",
+    "EngineGenerateError",
     "VLLMValidationError", "ToolParserManager", "get_tool_parser", "tools_called",
     "VLLM_CPU_KVCACHE_SPACE", "VLLM_RPC_BASE_PATH", "CachedRequestData", "resumed_req_ids",
     "scheduled_cached_reqs", "scheduled_new_reqs", "num_scheduled_tokens", "get_block_ids",

@@ -561,10 +561,13 @@ def _request() -> None:
 # -- driver/frontend.py: vLLM's errors ------------------------------------------------------
 
 
-def _engine_dead_error() -> None:
-    from vllm.v1.engine.exceptions import EngineDeadError
+def _engine_errors() -> None:
+    from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
 
-    assert EngineDeadError.__name__ == "EngineDeadError"  # matched by name
+    from inferscale_memory.driver.frontend import engine_errors, is_engine_dead
+
+    assert engine_errors() == (EngineDeadError, EngineGenerateError)
+    assert is_engine_dead(EngineDeadError()) and not is_engine_dead(EngineGenerateError())
 
 
 TOUCHES: tuple[Touch, ...] = (
@@ -641,8 +644,8 @@ TOUCHES: tuple[Touch, ...] = (
           _connector_output),
     Touch("Request.request_id/prompt_token_ids/kv_transfer_params/cache_salt",
           "inferscale_memory/driver/scheduling.py", _request),
-    Touch("vllm.v1.engine.exceptions.EngineDeadError (by name)",
-          "inferscale_memory/driver/frontend.py", _engine_dead_error),
+    Touch("vllm.v1.engine.exceptions.EngineDeadError, EngineGenerateError",
+          "inferscale_memory/driver/frontend.py", _engine_errors),
 )
 
 
