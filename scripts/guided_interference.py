@@ -10,10 +10,11 @@ flight, and prints each plain chat's latency, the medians and their ratio:
   the compiler's cache serves a repeated subschema, so they differ). vLLM's front end
   turns it into a grammar quickly; the engine core then compiles the token masks for
   seconds, on its grammar thread pool (off the scheduling loop).
-- ``repeats``: 60 string properties with the pattern ``^[a-z]{1,900}$`` (4 KB). vLLM's
-  front end turns it into a grammar for seconds (``xgr.Grammar.from_json_schema``, while
-  it validates the request on its input-processing thread pool: one thread unless
-  ``renderer_num_workers`` says more), then the engine core compiles it for seconds more.
+- ``repeats``: 60 string properties with the pattern ``^[a-z]{1,900}$`` (4 KB). The
+  runtime turns it into a grammar for seconds (``xgr.Grammar.from_json_schema``, on a
+  thread: ``inferscale_memory/driver/guided_json.py``; vLLM's front end did it until
+  2026-12-03, on its input-processing thread pool of ``renderer_num_workers`` threads),
+  then the engine core compiles it for seconds more.
 
 Run: ``.venv/bin/python scripts/guided_interference.py [--plain 8] [--engine-args JSON]``,
 e.g. ``--engine-args '{"renderer_num_workers": 2}'``. Numbers from a shared 2-core machine
