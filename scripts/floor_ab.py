@@ -42,13 +42,19 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=60)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.4)
     parser.add_argument("--workdir", type=Path, required=True)
+    parser.add_argument("--plain-first", action="store_true",
+                        help="start vLLM without the connector first (the start order can matter)")
     parser.add_argument("--out", type=Path, help="the medians and every trial as JSON")
     args = parser.parse_args()
     folder = write_dummy_model(args.workdir / args.shape, args.shape)
     vocab = int(SHAPES[args.shape]["vocab_size"])
     share = {"gpu_memory_utilization": args.gpu_memory_utilization, "kv_pool_gb": 1.0}
-    ours = dummy_runtime(folder, **share)
-    plain = dummy_runtime(folder, connector=False, **share)
+    if args.plain_first:
+        plain = dummy_runtime(folder, connector=False, **share)
+        ours = dummy_runtime(folder, **share)
+    else:
+        ours = dummy_runtime(folder, **share)
+        plain = dummy_runtime(folder, connector=False, **share)
     try:
         works = {"ours": SyntheticWorkload(ours, vocab), "vllm": SyntheticWorkload(plain, vocab)}
         turns = [("ours", "text", "ours_text"), ("ours", "kv", "ours_kv"),
@@ -70,7 +76,8 @@ def main() -> None:
           f"median of the paired ratios {statistics.median(paired):.3f}x")
     print(f"ours (KV) / ours (text): {medians['ours_kv'] / medians['ours_text']:.3f}x")
     if args.out is not None:
-        args.out.write_text(json.dumps({"shape": args.shape, "medians_ms": medians,
+        args.out.write_text(json.dumps({"shape": args.shape, "plain_first": args.plain_first,
+                                        "medians_ms": medians,
                                         "paired_ratio_median": statistics.median(paired),
                                         "trials_ms": times}, indent=1))
 
