@@ -287,7 +287,7 @@ class VllmRuntime:
 
     def unfinished_requests(self) -> int:
         """Requests vLLM holds now (waiting or generating), captures included."""
-        return int(self._llm.get_num_unfinished_requests())
+        return frontend.unfinished_requests(self._llm)
 
     async def reset_prefix_cache(self) -> None:
         """Forget vLLM's prefix cache (benchmarks and tests use it for fresh prefills)."""

@@ -407,6 +407,14 @@ def _async_llm_attribute(name: str) -> Callable[[], None]:
     return check
 
 
+def _unfinished_requests() -> None:
+    # 0.26's AsyncLLM has no get_num_unfinished_requests; its output processor has.
+    from vllm.v1.engine.output_processor import OutputProcessor
+
+    _async_llm_attribute("output_processor")()
+    assert params(OutputProcessor.get_num_unfinished_requests) == []
+
+
 def _errored() -> None:
     from vllm.v1.engine.async_llm import AsyncLLM
 
@@ -424,7 +432,6 @@ def _requests() -> None:
 
     assert params(AsyncLLM.generate)[:3] == ["prompt", "sampling_params", "request_id"]
     assert inspect.isasyncgenfunction(AsyncLLM.generate)
-    assert params(AsyncLLM.get_num_unfinished_requests) == []
     assert asyncio.iscoroutinefunction(AsyncLLM.reset_prefix_cache)
 
 
@@ -621,7 +628,9 @@ TOUCHES: tuple[Touch, ...] = (
           _async_llm_attribute("output_handler")),
     Touch("AsyncLLM.errored", "inferscale_memory/driver/frontend.py", _errored),
     Touch("AsyncLLM.shutdown(timeout=)", "inferscale_memory/driver/frontend.py", _shutdown),
-    Touch("AsyncLLM.generate/get_num_unfinished_requests/reset_prefix_cache",
+    Touch("AsyncLLM.output_processor.get_num_unfinished_requests()",
+          "inferscale_memory/driver/frontend.py", _unfinished_requests),
+    Touch("AsyncLLM.generate/reset_prefix_cache",
           "inferscale_memory/runtime.py", _requests),
     Touch("TokensPrompt prompt_token_ids + cache_salt", "inferscale_memory/runtime.py",
           _tokens_prompt),

@@ -138,6 +138,13 @@ def is_errored(llm: Any) -> bool:
     return bool(getattr(llm, "errored", False))
 
 
+def unfinished_requests(llm: Any) -> int:
+    """Requests the engine holds (waiting or generating): the ``AsyncLLM``'s output
+    processor counts them. ``AsyncLLM.get_num_unfinished_requests`` says the same in 0.32
+    but does not exist in 0.26."""
+    return int(llm.output_processor.get_num_unfinished_requests())
+
+
 async def stop_output_handler(llm: Any) -> None:
     """Cancel the ``AsyncLLM``'s task that reads the engine core's outputs
     (``output_handler``) and wait for it. vLLM cancels it only after its engine process
