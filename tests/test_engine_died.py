@@ -180,3 +180,19 @@ def assert_one_line_each(records: list[logging.LogRecord], requests: int) -> Non
     assert len(records) == requests, [r.getMessage() for r in records]
     assert all(r.exc_info is None and "\n" not in r.getMessage() for r in records), \
         [r.getMessage() for r in records]
+
+
+def test_deleting_facts_on_a_dead_engine_deletes_them(dead: Dead) -> None:
+    """A delete whose KV eviction finds the engine core dead is whole: the KV died with it
+    (a new engine starts with an empty pool), so the delete succeeds instead of raising
+    after the store had deleted the fact, which left a retry with FactNotFoundError."""
+    from inferscale_memory import FactNotFoundError
+
+    one, two, three = dead.engine.store.add(
+        ["Dora's hives face south.", "Dora sells honey on Saturdays.", "Dora has 9 hives."],
+        user_id="died-dora-delete")
+    assert dead.engine.memory.delete(one.id, user_id="died-dora-delete").id == one.id
+    assert dead.engine.memory.delete_all(user_id="died-dora-delete") == 2
+    for fact in (one, two, three):
+        with pytest.raises(FactNotFoundError):
+            dead.engine.memory.get(fact.id, user_id="died-dora-delete")
