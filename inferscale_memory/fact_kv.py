@@ -10,10 +10,12 @@ store, the Mem0 adapter from Mem0's, the engine from the prompt a fact was missi
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from inferscale_memory.connector.params import MAX_SPANS, FactKey, RequestParams, Span
+from inferscale_memory.errors import EngineDiedError
 from inferscale_memory.store import Fact
 
 if TYPE_CHECKING:
@@ -22,6 +24,8 @@ if TYPE_CHECKING:
     from inferscale_memory.runtime import VllmRuntime
 
 HEADER_USER = "inferscale"  # owner of capture requests for the shared header
+
+logger = logging.getLogger(__name__)
 
 
 class FactKV:
@@ -80,6 +84,16 @@ class FactKV:
                                    evict=tuple(keys[i:i + MAX_SPANS]))
             self.stats.record_report(
                 await self.runtime.control(self.builder.header_ids[:1], params))
+
+    async def evict_deleted(self, user_id: str, fact_ids: Sequence[str]) -> None:
+        """:meth:`evict` the KV of facts just deleted from their store. An engine core that
+        died took every fact's KV with it (a new engine starts with an empty pool), so
+        the delete is whole: a warning, not an error."""
+        try:
+            await self.evict(user_id, fact_ids)
+        except EngineDiedError:
+            logger.warning("deleted %d fact(s); no KV to evict, the engine core died",
+                           len(fact_ids))
 
     async def _capture_one(self, user_id: str, fact: Fact, context: Sequence[str] = ()) -> None:
         token_ids, start, end = self.builder.capture_prompt(fact.text, context)

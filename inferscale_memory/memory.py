@@ -15,12 +15,7 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, overload
 
-from inferscale_memory.errors import (
-    EngineClosedError,
-    EngineDiedError,
-    InvalidInputError,
-    StoreError,
-)
+from inferscale_memory.errors import EngineClosedError, InvalidInputError, StoreError
 from inferscale_memory.layout import prompt_contexts
 from inferscale_memory.store import Fact, MemoryStore, ScoredFact
 
@@ -153,23 +148,14 @@ class EngineMemory:
 
     async def _adelete(self, fact_id: str, *, user_id: str) -> Fact:
         fact = await self._in_thread(self.store.delete, fact_id, user_id=user_id)
-        await self._evict_deleted(user_id, [fact.id])
+        await self.fact_kv.evict_deleted(user_id, [fact.id])
         return fact
 
     async def _adelete_all(self, *, user_id: str) -> int:
         facts = await self._in_thread(self.store.list, user_id=user_id)
         count = await self._in_thread(self.store.delete_all, user_id=user_id)
-        await self._evict_deleted(user_id, [fact.id for fact in facts])
+        await self.fact_kv.evict_deleted(user_id, [fact.id for fact in facts])
         return count
-
-    async def _evict_deleted(self, user_id: str, fact_ids: list[str]) -> None:
-        """Evict deleted facts' KV. An engine core that died took every fact's KV with it
-        (a new engine starts with an empty pool): the delete is whole, not an error."""
-        try:
-            await self.fact_kv.evict(user_id, fact_ids)
-        except EngineDiedError:
-            logger.warning("deleted %d fact(s); no KV to evict, the engine core died",
-                           len(fact_ids))
 
     async def _asearch(self, query: str, *, user_id: str, k: int = 10) -> list[ScoredFact]:
         return await self._in_thread(self.store.search, query, user_id=user_id, k=k)

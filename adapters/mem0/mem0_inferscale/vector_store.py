@@ -173,7 +173,7 @@ class InferScaleVectorStore(VectorStoreBase):
 
     def _evict(self, facts: Iterable[Fact]) -> None:
         for user_id, group in _by_user(facts).items():
-            self.engine.arun(self.engine.fact_kv.evict(user_id, [f.id for f in group]))
+            self.engine.arun(self.engine.fact_kv.evict_deleted(user_id, [f.id for f in group]))
 
     def _text(self, vector_id: Any) -> str | None:
         found = self.inner.get(vector_id=vector_id)
