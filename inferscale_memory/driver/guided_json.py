@@ -14,8 +14,11 @@ no other whitespace, and sends vLLM that grammar (``StructuredOutputsParams(gram
 The conversion is the work vLLM's front end did anyway to validate a ``json`` request
 (``xgr.Grammar.from_json_schema``, seconds for an abusive schema within the limits of
 :mod:`inferscale_memory.schema_limits`); vLLM now only parses the grammar's text. It runs
-on a thread (xgrammar's C++ conversion releases the GIL), and the grammars of the last
-:data:`CACHED_SCHEMAS` schemas are kept by the schema's JSON text. The checks vLLM's
+on one of :data:`CONVERTERS` threads of its own (xgrammar's C++ conversion releases the
+GIL; not the event loop's default executor, which the store's reads use, so many guided
+requests at once neither hold up other users' retrievals nor take every core), the same
+schema asked again while it converts waits for that conversion, and the grammars of the
+last :data:`CACHED_SCHEMAS` schemas are kept by the schema's JSON text. The checks vLLM's
 xgrammar backend makes of a ``json`` schema first are made here too, so a schema it
 refused is still refused.
 """
@@ -25,10 +28,17 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 SEPARATORS = (", ", ": ")  # between items or properties, and between a key and its value
 CACHED_SCHEMAS = 64
+CONVERTERS = 2  # threads converting schemas, for every engine of the process
+
+_converters = ThreadPoolExecutor(CONVERTERS, thread_name_prefix="inferscale-grammar")
+_converting: dict[str, Future[str]] = {}  # schema text -> its conversion under way
+_converting_lock = threading.Lock()
 OBJECT_SCHEMA = '{"type": "object"}'  # json_object's, as vLLM's xgrammar backend writes it
 
 
@@ -52,7 +62,27 @@ async def as_grammar(structured_outputs: dict[str, Any]) -> dict[str, Any]:
                                                                         ensure_ascii=False)
     else:
         return structured_outputs
-    return {**rest, "grammar": await asyncio.to_thread(json_grammar, schema_text)}
+    # Shielded: a caller that gives up does not cancel what others may be waiting for.
+    grammar = await asyncio.shield(asyncio.wrap_future(_conversion(schema_text)))
+    return {**rest, "grammar": grammar}
+
+
+def _conversion(schema_text: str) -> Future[str]:
+    """:func:`json_grammar` of ``schema_text`` on a converter thread: the conversion under
+    way for the same text, or a new one."""
+    with _converting_lock:
+        future = _converting.get(schema_text)
+        if future is None:
+            future = _converters.submit(json_grammar, schema_text)
+            _converting[schema_text] = future
+    future.add_done_callback(functools.partial(_converted, schema_text))
+    return future
+
+
+def _converted(schema_text: str, future: Future[str]) -> None:
+    with _converting_lock:
+        if _converting.get(schema_text) is future:
+            del _converting[schema_text]
 
 
 @functools.lru_cache(maxsize=CACHED_SCHEMAS)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import doctest
 import json
+import os
 import time
 import uuid
 
@@ -102,3 +103,37 @@ async def test_a_slow_schema_converts_off_the_event_loop_and_once() -> None:
     assert await as_grammar({"json": schema}) == first
     assert json_grammar.cache_info().hits == hits + 1
     assert time.perf_counter() - start < took / 10
+
+
+def slow_schema(names: int = 20) -> dict[str, object]:
+    """A schema whose conversion takes about a second here, with names of its own (no
+    earlier conversion in this process serves it)."""
+    keys = [f"p{i}{uuid.uuid4().hex[:6]}" for i in range(names)]
+    return {"type": "object", "required": keys, "properties": dict.fromkeys(
+        keys, {"type": "string", "pattern": "^[a-z]{1,900}$"})}
+
+
+async def test_the_same_schema_asked_at_once_converts_once() -> None:
+    """Requests with one schema sent together (a client retrying, a fan-out) wait for one
+    conversion: before, each converted it on a thread of its own, seconds of CPU each."""
+    schema = slow_schema()
+    misses = json_grammar.cache_info().misses
+    grammars = await asyncio.gather(*(as_grammar({"json": schema}) for _ in range(4)))
+    assert len({g["grammar"] for g in grammars}) == 1
+    assert json_grammar.cache_info().misses == misses + 1
+
+
+async def test_conversions_leave_the_default_executor_to_the_store() -> None:
+    """Many slow guided requests at once: the loop's default executor, which the store's
+    reads (a retrieval's vector search) run on, stays free; before, the conversions took
+    its threads and a retrieval waited for them."""
+    threads = min(32, (os.cpu_count() or 1) + 4)  # ThreadPoolExecutor's default
+    conversions = [asyncio.ensure_future(as_grammar({"json": slow_schema()}))
+                   for _ in range(threads + 2)]
+    await asyncio.sleep(0.2)  # the conversions have started
+    start = time.perf_counter()
+    await asyncio.to_thread(lambda: None)  # what a store read waits for
+    waited = time.perf_counter() - start
+    done_before = sum(c.done() for c in conversions)
+    await asyncio.gather(*conversions)
+    assert waited < 1.0 and done_before < len(conversions), (waited, done_before)
