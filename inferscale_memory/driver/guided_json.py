@@ -35,11 +35,11 @@ from typing import Any
 SEPARATORS = (", ", ": ")  # between items or properties, and between a key and its value
 CACHED_SCHEMAS = 64
 CONVERTERS = 2  # threads converting schemas, for every engine of the process
+OBJECT_SCHEMA = '{"type": "object"}'  # json_object's, as vLLM's xgrammar backend writes it
 
 _converters = ThreadPoolExecutor(CONVERTERS, thread_name_prefix="inferscale-grammar")
 _converting: dict[str, Future[str]] = {}  # schema text -> its conversion under way
 _converting_lock = threading.Lock()
-OBJECT_SCHEMA = '{"type": "object"}'  # json_object's, as vLLM's xgrammar backend writes it
 
 
 async def as_grammar(structured_outputs: dict[str, Any]) -> dict[str, Any]:
@@ -72,9 +72,11 @@ def _conversion(schema_text: str) -> Future[str]:
     way for the same text, or a new one."""
     with _converting_lock:
         future = _converting.get(schema_text)
-        if future is None:
-            future = _converters.submit(json_grammar, schema_text)
-            _converting[schema_text] = future
+        if future is not None:
+            return future
+        future = _converters.submit(json_grammar, schema_text)
+        _converting[schema_text] = future
+    # Outside the lock: a conversion already done runs its callback here, which locks.
     future.add_done_callback(functools.partial(_converted, schema_text))
     return future
 

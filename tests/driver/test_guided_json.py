@@ -30,6 +30,14 @@ SCHEMA = {"type": "object", "required": ["a", "b"], "additionalProperties": Fals
                          "b": {"type": "string"}}}
 
 
+def slow_schema(names: int = 20) -> dict[str, object]:
+    """A schema whose conversion takes about a second here, with names of its own (no
+    earlier conversion in this process serves it)."""
+    keys = [f"p{i}{uuid.uuid4().hex[:6]}" for i in range(names)]
+    return {"type": "object", "required": keys, "properties": dict.fromkeys(
+        keys, {"type": "string", "pattern": "^[a-z]{1,900}$"})}
+
+
 def admits(grammar: str, text: str) -> bool:
     return bool(_is_grammar_accept_string(xgr.Grammar.from_ebnf(grammar), text))
 
@@ -78,9 +86,7 @@ async def test_a_slow_schema_converts_off_the_event_loop_and_once() -> None:
     counts, as scripts/guided_interference.py's "repeats"): the loop goes on meanwhile,
     and the same schema again is served from the cache. Names of its own: no earlier
     conversion in this process serves it."""
-    names = [f"p{i}{uuid.uuid4().hex[:6]}" for i in range(20)]
-    schema = {"type": "object", "required": names, "properties": dict.fromkeys(
-        names, {"type": "string", "pattern": "^[a-z]{1,900}$"})}
+    schema = slow_schema()
     gaps: list[float] = []
 
     async def tick() -> None:
@@ -104,13 +110,6 @@ async def test_a_slow_schema_converts_off_the_event_loop_and_once() -> None:
     assert json_grammar.cache_info().hits == hits + 1
     assert time.perf_counter() - start < took / 10
 
-
-def slow_schema(names: int = 20) -> dict[str, object]:
-    """A schema whose conversion takes about a second here, with names of its own (no
-    earlier conversion in this process serves it)."""
-    keys = [f"p{i}{uuid.uuid4().hex[:6]}" for i in range(names)]
-    return {"type": "object", "required": keys, "properties": dict.fromkeys(
-        keys, {"type": "string", "pattern": "^[a-z]{1,900}$"})}
 
 
 async def test_the_same_schema_asked_at_once_converts_once() -> None:
