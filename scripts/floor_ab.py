@@ -7,7 +7,9 @@ same hold). This script starts both engines side by side (each with its share of
 device: ``--gpu-memory-utilization``) and alternates their requests, trial by trial, in
 turn order ABBA, so that drift falls on both: header + question alone, as
 :func:`inferscale_memory.bench.synthetic.measure_floor` sends them, on our text path, our
-KV path (no facts) and vLLM without the connector.
+KV path (no facts) and vLLM without the connector. Since the KV path sends a request that
+injects no fact as the text request (as the engine does), the two "ours" arms are the same
+request: their ratio shows the spread of the measurement.
 
 A measurement run by hand on a GPU, never a test:
 ``python3 scripts/floor_ab.py --shape llama-3.1-8b --trials 60 --workdir WORK``.

@@ -25,6 +25,7 @@ from inferscale_memory.bench.shapes import SHAPES as SHAPES
 from inferscale_memory.bench.shapes import shape_config, weights_dtype, write_dummy_model
 from inferscale_memory.bench.shapes import write_random_model as write_random_model
 from inferscale_memory.config import MemoryConfig
+from inferscale_memory.connector.params import RequestParams
 from inferscale_memory.connector.worker import TIMING_ENV
 from inferscale_memory.layout import tail_size
 from inferscale_memory.runtime import Completion, VllmRuntime
@@ -92,9 +93,19 @@ class SyntheticWorkload:
 
     async def run(self, prompt: TokenRequest, mode: str, max_tokens: int = 1,
                   **kwargs: Any) -> Completion:
-        params = prompt.params if mode == "kv" else None
         return await self.runtime.complete(prompt.token_ids, max_tokens=max_tokens,
-                                           params=params, user=USER, **kwargs)
+                                           params=self.params(prompt, mode), user=USER,
+                                           **kwargs)
+
+    @staticmethod
+    def params(prompt: TokenRequest, mode: str) -> RequestParams | None:
+        """What the request carries for the connector: on the KV path, the prompt's spans
+        when it injects a fact. A prompt with none (k = 0, or a tail of every fact) is the
+        text path's request, as :meth:`~inferscale_memory.fact_kv.FactKV.inject_params`
+        sends it for the engine: with no memory the connector has nothing to do."""
+        if mode != "kv" or len(prompt.params.inject) <= 1:  # the header's span alone
+            return None
+        return prompt.params
 
 
 class LoadLog:

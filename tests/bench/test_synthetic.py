@@ -145,3 +145,19 @@ def test_the_report_compares_the_kv_path_with_both_floors() -> None:
     assert "vLLM floor without the connector (header + question): 10.0 ms; " \
         "ours (text, k=0) 12.0 ms = 1.20x" in text
     assert "KV TTFT / our floor: k=0 1.05x, k=50 1.50x" in text
+
+
+def test_a_prompt_that_injects_no_fact_is_the_text_request() -> None:
+    """As the engine sends it (``FactKV.inject_params``): with no fact to inject, the KV
+    path's request carries nothing for the connector, so its k = 0 is the text path's."""
+    from inferscale_memory.bench.synthetic import SyntheticWorkload
+
+    work = SyntheticWorkload(None, vocab=1000, header_len=4, fact_len=3,  # type: ignore[arg-type]
+                             recompute_tail=4)
+    work.facts = [[11, 12, 13], [21, 22, 23]]
+    assert SyntheticWorkload.params(work.prompt([], question=[7]), "kv") is None
+    assert SyntheticWorkload.params(work.prompt([0, 1], question=[7]), "kv") is None  # all tail
+    work.recompute_tail = 1
+    injecting = work.prompt([0, 1], question=[7])
+    assert SyntheticWorkload.params(injecting, "kv") is injecting.params
+    assert SyntheticWorkload.params(injecting, "text") is None
