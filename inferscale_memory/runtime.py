@@ -472,6 +472,7 @@ def engine_arguments(model_path: Path, config: MemoryConfig, *, connector: bool 
         enable_prefix_caching=True,
         structured_outputs_config=frontend.structured_outputs_config(),
         **frontend.front_end_settings(),
+        **frontend.graph_settings(config.engine_args, cuda=_cuda()),
     )
     if connector:
         args["kv_transfer_config"] = kv_transfer_config(
@@ -479,6 +480,13 @@ def engine_arguments(model_path: Path, config: MemoryConfig, *, connector: bool 
              "host_pool_bytes": int(config.kv_host_pool_gb * (1 << 30))})
     args.update(config.engine_args)
     return args
+
+
+def _cuda() -> bool:
+    """Whether engines of this process run on a CUDA device."""
+    import torch
+
+    return bool(torch.cuda.is_available())
 
 
 def request_salt(user: str | None, params: RequestParams | None) -> str:

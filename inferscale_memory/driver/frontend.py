@@ -95,6 +95,33 @@ def front_end_settings() -> dict[str, Any]:
     return {name: value for name, value in wanted.items() if name in names}
 
 
+# CUDA graphs up to this many tokens per step. vLLM's default, min(2 x max_num_seqs, 512)
+# (also under `vllm serve`), runs every prompt of 512 tokens or more without a graph, one
+# kernel launch at a time from Python: on an H200 a 690-token text prompt of the 8B shape
+# took 31.8 ms against 15.8 for 340 tokens, and 20.4 ms with graphs to 2,048; the 0.5B
+# model's 1,400-token prompts fell from 37 to 16 ms (docs/benchmarks/fastpath-h200.md).
+# Memory's text path (k >= 20), long chats and tool prompts need those sizes.
+MAX_CUDA_GRAPH_TOKENS = 2048
+
+# Engine arguments that size CUDA graphs: the user's choice stands (vLLM refuses a start
+# that names the size both on its own and in a compilation config).
+_GRAPH_SIZING = ("max_cudagraph_capture_size", "cudagraph_capture_sizes", "compilation_config")
+
+
+def graph_settings(user_args: Mapping[str, Any], cuda: bool) -> dict[str, Any]:
+    """The package's CUDA-graph size (:data:`MAX_CUDA_GRAPH_TOKENS`) for an engine on a
+    CUDA device, where the installed vLLM's ``EngineArgs`` has the field and ``user_args``
+    (the user's ``engine_args``) size no graphs themselves; vLLM still caps it at
+    ``max_num_batched_tokens``."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    if not cuda or any(name in user_args for name in _GRAPH_SIZING):
+        return {}
+    if "max_cudagraph_capture_size" not in {f.name for f in dataclasses.fields(AsyncEngineArgs)}:
+        return {}
+    return {"max_cudagraph_capture_size": MAX_CUDA_GRAPH_TOKENS}
+
+
 def scheduler_settings(vllm_config: Any) -> dict[str, Any]:
     """The settings that decide a step's host cost, as the started engine resolved them
     (recorded by the benchmarks, so that runs on different hosts can be compared)."""

@@ -177,3 +177,39 @@ def test_two_renderer_workers_reach_vllms_config_unless_engine_args_say_otherwis
     assert args["renderer_num_workers"] == workers
     vllm_config = start_async_llm(args, {KV_SPACE: "1"})
     assert vllm_config.model_config.renderer_num_workers == workers
+
+
+@pytest.mark.parametrize(("user", "cuda", "expected"), [
+    ({}, True, {"max_cudagraph_capture_size": 2048}),
+    ({}, False, {}),  # no CUDA graphs to size
+    ({"max_cudagraph_capture_size": 256}, True, {}),  # the user's size wins
+    ({"cudagraph_capture_sizes": [1, 8]}, True, {}),
+    ({"compilation_config": {"max_cudagraph_capture_size": 1024}}, True, {}),  # vLLM refuses both
+], ids=["cuda", "cpu", "user-size", "user-sizes", "user-compilation-config"])
+def test_cuda_graphs_reach_2048_tokens_unless_engine_args_size_them(
+        user: dict[str, object], cuda: bool, expected: dict[str, int]) -> None:
+    """vLLM captures CUDA graphs up to min(2 x max_num_seqs, 512) tokens: a 690-token text
+    prompt took 31.8 ms where a 340-token one took 15.8 (H200, Llama-3.1-8B shape), and
+    20.4 ms with graphs to 2,048 (docs/benchmarks/fastpath-h200.md). The engine asks for
+    2,048 on CUDA where the installed vLLM's ``EngineArgs`` has the field, and leaves any
+    graph sizing of the user's alone (two of them make vLLM refuse to start)."""
+    from inferscale_memory.driver.frontend import MAX_CUDA_GRAPH_TOKENS, graph_settings
+
+    assert MAX_CUDA_GRAPH_TOKENS == 2048
+    assert graph_settings(user, cuda=cuda) == expected
+
+
+def test_the_engine_arguments_carry_the_graph_size_on_cuda(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``runtime.engine_arguments`` asks for the graph size where CUDA is, and the user's
+    ``engine_args`` still win over it."""
+    from inferscale_memory import runtime
+    from inferscale_memory.config import MemoryConfig
+
+    folder = write_dummy_model(tmp_path / "model", "llama-tiny")
+    monkeypatch.setattr(runtime, "_cuda", lambda: True)
+    assert runtime.engine_arguments(folder, MemoryConfig())["max_cudagraph_capture_size"] == 2048
+    config = MemoryConfig(engine_args={"max_cudagraph_capture_size": 512})
+    assert runtime.engine_arguments(folder, config)["max_cudagraph_capture_size"] == 512
+    monkeypatch.setattr(runtime, "_cuda", lambda: False)
+    assert "max_cudagraph_capture_size" not in runtime.engine_arguments(folder, MemoryConfig())
