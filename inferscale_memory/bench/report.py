@@ -58,6 +58,9 @@ def describe_run(config: dict[str, Any]) -> str:
         f"GPU: {gpus}; {machine.get('platform', '?')}",
         f"- commit {commit}, started {latest.get('started', '?')}",
         f"- parameters: `{latest.get('params', {})}`"]
+    settings = model.get("engine_settings")
+    if settings:  # runs recorded before these were kept have none
+        lines.append(f"- engine: `{settings}`; engine_args `{model.get('engine_args', {})}`")
     if resumes:
         lines.append(f"- resumed a run with {resumes[-1].get('answers_before', '?')} answers "
                      f"(resumption {len(resumes)}; first run: `{config.get('command', '?')}`, "

@@ -100,7 +100,11 @@ class RunFolder:
                                    "kv_cache_dtype": engine.config.engine_args.get(
                                        "kv_cache_dtype") or "auto",
                                    "max_model_len": engine.max_model_len,
-                                   "start_s": round(engine.runtime.start_s, 1)}
+                                   "start_s": round(engine.runtime.start_s, 1),
+                                   # what decides the text path's speed (e.g. the CUDA
+                                   # graph limit), env settings included
+                                   "engine_args": dict(engine.config.engine_args),
+                                   "engine_settings": engine.runtime.engine_settings}
         self._write_json(CONFIG, config)
         return config
 

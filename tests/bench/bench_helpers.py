@@ -98,7 +98,8 @@ class FakeEngine:
         self.model_path = Path("fake-model")
         self.model_name = self.model_path.name
         self.max_model_len = 2048
-        self.runtime = type("Runtime", (), {"max_model_len": 2048, "start_s": 12.34})()
+        self.runtime = type("Runtime", (), {"max_model_len": 2048, "start_s": 12.34,
+                                            "engine_settings": {"max_cudagraph_size": 512}})()
         self.calls: list[tuple[str, int, str]] = []
         self.resets = 0
 

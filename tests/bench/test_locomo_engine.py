@@ -36,6 +36,10 @@ def test_bench_locomo_end_to_end(engine: MemoryEngine, locomo_file: Path,
     assert (folder / "report.md").exists() and (folder / "f1_vs_k.png").exists()
     config = json.loads((folder / "config.json").read_text())
     assert config["model"]["name"] == engine.model_path.name
+    # the settings that decide the text path's speed, as the started engine resolved them
+    assert config["model"]["engine_settings"] == engine.runtime.engine_settings
+    assert isinstance(config["model"]["engine_settings"]["max_cudagraph_size"], int)
+    assert config["model"]["engine_args"] == engine.config.engine_args
     try:  # the run deletes its user's facts
         left = engine.memory.list(user_id=rows[0]["user_id"])
     except UnknownUserError:

@@ -46,6 +46,8 @@ def test_run_folder_records_and_summary(fake_engine: FakeEngine, locomo_file: Pa
     report = (folder / "report.md").read_text()
     assert "F1 per category" in report and "| 2 | 5 |" in report
     assert config["model"]["start_s"] == 12.3 and "engine start 12.3 s" in report
+    assert config["model"]["engine_settings"] == {"max_cudagraph_size": 512}
+    assert "- engine: `{'max_cudagraph_size': 512}`" in report
 
 
 def test_resume_skips_recorded_requests(fake_engine: FakeEngine, locomo_file: Path,
