@@ -1,11 +1,13 @@
 """A chat's messages, checked once: :class:`Conversation`.
 
-:meth:`Conversation.check` owns the rules of a message list in OpenAI's shape (roles, text
-content, an assistant's tool calls and the tool results that answer them). The engine
+:meth:`Conversation.check` owns the rules of a message list in OpenAI's shape
+(:class:`ChatMessage`: roles, text content or text parts, an assistant's tool calls, and
+the tool results that answer them). The engine
 checks each call's messages through it once (:func:`~inferscale_memory.options.check_chat`);
 what takes a :class:`Conversation` (the prompt layout) trusts it, as it would a parsed
-value. The server's requests reach it through the engine, so an error names the same
-``param`` whichever way a chat came in.
+value. The server's requests reach it through the engine (its OpenAPI document shows
+:class:`ChatMessage` and checks nothing), so an error names the same ``param`` whichever
+way a chat came in.
 
 Example:
     >>> chat = Conversation.check([{"role": "user", "content": "Hi"}])
@@ -16,13 +18,47 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal, get_args
+
+from pydantic import BaseModel, ConfigDict, SkipValidation, ValidationError
 
 from inferscale_memory.errors import InvalidInputError
-from inferscale_memory.fields import unicode_text
+from inferscale_memory.fields import invalid, unicode_text
 from inferscale_memory.tools import check_tool_calls
+from inferscale_memory.tools.shapes import ToolCallParam
 
-ROLES = {"system", "user", "assistant", "tool"}
+Role = Literal["system", "developer", "user", "assistant", "tool"]  # developer: system
+ROLES: tuple[str, ...] = get_args(Role)
+
+
+class TextPart(BaseModel):
+    """A text content part (the only kind supported)."""
+
+    model_config = ConfigDict(strict=True)
+
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    """One message in OpenAI's shape (``developer`` is taken as ``system``; text parts
+    are joined). An ``assistant`` message may carry ``tool_calls`` (``content`` may then
+    be null), and a ``tool`` message carries the result of one (``tool_call_id``)."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    role: Role
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+    # checked by check_tool_calls, the one checker of a message's calls
+    tool_calls: SkipValidation[list[ToolCallParam] | None] = None
+    tool_call_id: str | None = None
+
+    def text(self) -> str | None:
+        """The message's text (text parts joined), or ``None`` without content."""
+        if self.content is None or isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
 
 
 class Conversation(tuple[dict[str, Any], ...]):
@@ -56,25 +92,28 @@ class Conversation(tuple[dict[str, Any], ...]):
 
 def _message(message: Any, i: int, called: set[str]) -> dict[str, Any]:
     """Message ``i`` checked; a tool result must answer one of the ``called`` ids."""
-    if not isinstance(message, dict):
-        raise InvalidInputError(f"message {i} must be a dict", f"messages.{i}")
-    role, content = message.get("role"), message.get("content")
-    if not isinstance(role, str) or role not in ROLES:
-        raise InvalidInputError(f"message {i}: role must be one of {sorted(ROLES)}",
-                                f"messages.{i}.role")
-    calls = role == "assistant" and message.get("tool_calls")
-    if not isinstance(content, str) and not (calls and content is None):
+    try:
+        shaped = ChatMessage.model_validate(message)
+    except ValidationError as exc:
+        raise invalid(exc, f"messages.{i}") from None
+    role = "system" if shaped.role == "developer" else shaped.role
+    content = shaped.text()
+    # any role's calls are checked (the shape says so); an assistant's are kept
+    calls = check_tool_calls(shaped.tool_calls, f"messages.{i}.tool_calls") \
+        if shaped.tool_calls not in (None, []) else []
+    calls = calls if role == "assistant" else []
+    if content is None and not calls:
         raise InvalidInputError(f"message {i}: content must be a string"
-                                + (" or null" if calls else ""), f"messages.{i}.content")
+                                + (" or null" if role == "assistant" and shaped.tool_calls
+                                   else ""), f"messages.{i}.content")
     if content is not None:
         unicode_text(content, f"message {i}: content")
     if calls:
-        return {"role": role, "content": content or "",
-                "tool_calls": check_tool_calls(message["tool_calls"], f"message {i}")}
+        return {"role": role, "content": content or "", "tool_calls": calls}
     if role != "tool":
         return {"role": role, "content": content}
-    call_id = message.get("tool_call_id")
-    if not isinstance(call_id, str):
+    call_id = shaped.tool_call_id
+    if call_id is None:
         raise InvalidInputError(f"message {i}: a tool message needs tool_call_id",
                                 f"messages.{i}.tool_call_id")
     if call_id not in called:  # OpenAI refuses it too

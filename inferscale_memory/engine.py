@@ -139,9 +139,10 @@ class MemoryEngine:
         """Answer the conversation with ``user_id``'s top-``k`` facts in memory.
 
         Args:
-            messages: OpenAI-style ``[{"role": ..., "content": ...}]``; the last one is the
-                user's question (the retrieval query), or tool results (``role: "tool"``)
-                of the assistant's ``tool_calls`` before them, answering that question.
+            messages: OpenAI-style ``[{"role": ..., "content": ...}]`` (``developer`` is
+                taken as ``system``, text parts are joined); the last one is the user's
+                question (the retrieval query), or tool results (``role: "tool"``) of the
+                assistant's ``tool_calls`` before them, answering that question.
             user_id: Whose facts to use; ``None`` answers without memory, and so does a
                 user with no facts yet (``metrics.memory_used`` is ``False``).
             k: Facts to retrieve (default ``config.k``).
@@ -157,7 +158,8 @@ class MemoryEngine:
             timeout: Seconds the whole answer may take (``None``: no limit); past them
                 the request is cancelled and :class:`TimeoutError` raised. Streams count
                 from the call to the last chunk, so a first chunk that comes late fails too.
-            **options: ``max_tokens``, ``temperature``, ``stop``, ``logprobs``, ``seed``,
+            **options: ``max_tokens`` (or OpenAI's ``max_completion_tokens``),
+                ``temperature``, ``stop``, ``logprobs``, ``seed``,
                 ``top_p``, ``top_k``, ``presence_penalty``, ``frequency_penalty``,
                 ``ignore_eos`` (generate exactly ``max_tokens``, for benchmarks); and, in
                 OpenAI's shapes, ``tools`` (function schemas), ``tool_choice`` (``"auto"``,
@@ -167,9 +169,10 @@ class MemoryEngine:
                 in :attr:`ChatResult.tool_calls`.
 
         Raises:
-            InvalidInputError: Arguments the engine refuses (:class:`ContextLengthError`
-                past the context, :class:`SchemaError` for a schema that cannot guide
-                decoding).
+            InvalidInputError: Arguments the engine refuses, its ``param`` naming the one at
+                fault (``"messages.1.content"``, ``"tools.0.function.name"``); a
+                :class:`ContextLengthError` past the context, a :class:`SchemaError` for a
+                schema that cannot guide decoding.
             RequestFailedError: vLLM failed this request (``finish_reason`` "error") and
                 goes on serving; sending it again may succeed.
         """

@@ -92,20 +92,43 @@ def kv_cache_dtype_problem(cache_dtype: Any) -> str | None:
             "'auto' (the model's dtype)")
 
 
+# The tags pydantic puts in an error's location for the member of a union that failed
+# ("str", "none", a model's class name); the bracketed ones ("list[str]") are no names.
+_UNION_TAGS = frozenset({"str", "int", "float", "bool", "none", "bytes"})
+
+
+def _path(loc: tuple[int | str, ...], name: str | None) -> str:
+    """An error's location as the dotted parameter it names (``stop.1``,
+    ``tools.0.function.name``), without the tags of union members."""
+    parts = [str(part) for part in loc if isinstance(part, int) or (
+        part.isidentifier() and part[:1].islower() and part not in _UNION_TAGS)]
+    return ".".join(([name] if name else []) + parts)
+
+
 def describe(exc: ValidationError, name: str | None = None) -> str:
     """One line per failed field of ``exc``, each naming the field (``name`` for a bare
-    value) and the value it got."""
+    value, else the prefix of the fields' names) and the value it got."""
     lines = []
     for error in exc.errors():
-        # A union's branches show up in the location as their schema; only names and
-        # indices say where the value is.
-        parts = [str(part) for part in error["loc"]
-                 if isinstance(part, int) or part.isidentifier()]
-        loc = ".".join(([name] if name else []) + parts)
+        loc = _path(error["loc"], name)
         message = error["msg"].removeprefix("Value error, ")
         got = "" if error["type"] == "value_error" else f"; got {error['input']!r:.80}"
         lines.append(f"{loc}: {message}{got}" if loc else message)
     return "; ".join(dict.fromkeys(lines))
+
+
+def invalid(exc: ValidationError, name: str | None = None) -> InvalidInputError:
+    """``exc`` as the :class:`InvalidInputError` the engine raises: :func:`describe`'s
+    message, and the ``param`` of the first field at fault (``name``, then the path in it;
+    none where ``name`` is prose, such as "a fact's text"). Where the members of a union
+    failed, the deepest path names it: ``stop.1`` for the list whose second string is bad.
+    """
+    paths = [_path(error["loc"], name) for error in exc.errors()]
+    field = paths[0].split(".")[0] if paths else ""
+    param = max((p for p in paths if p.split(".")[0] == field), key=lambda p: p.count("."),
+                default="")
+    named = param and all(part.isidentifier() or part.isdigit() for part in param.split("."))
+    return InvalidInputError(describe(exc, name), param if named else None)
 
 
 def check(kind: Any, value: Any, name: str) -> Any:
@@ -113,12 +136,13 @@ def check(kind: Any, value: Any, name: str) -> Any:
     for an int) and return it.
 
     Raises:
-        InvalidInputError: ``value`` is not a ``kind``; the message names ``name``.
+        InvalidInputError: ``value`` is not a ``kind``; the message and ``param`` name
+            ``name``.
     """
     try:
         return _adapter(kind).validate_python(value)
     except ValidationError as exc:
-        raise InvalidInputError(describe(exc, name)) from None
+        raise invalid(exc, name) from None
 
 
 @functools.cache

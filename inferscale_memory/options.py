@@ -4,8 +4,9 @@ options (:func:`check_chat`), and facts handed in (:func:`check_given_facts`).
 Every option is checked here, before vLLM sees it: vLLM's engine core decodes requests
 in a thread of its own, and a value of the wrong type there (``seed="x"``,
 ``temperature=True`` with vLLM 0.32) stops that thread, after which no request is ever
-answered again. The types are those of :mod:`inferscale_memory.fields`, which the server's
-request schema uses too.
+answered again. The types are those of :mod:`inferscale_memory.fields`; the server's
+request schema shows them in its OpenAPI document and leaves the checks to the engine, so
+an HTTP request and ``engine.chat`` are refused with the same message and ``param``.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from inferscale_memory.fields import (
     TopP,
     UnicodeText,
     check,
-    describe,
+    invalid,
 )
 from inferscale_memory.schema_limits import SchemaLimits
 from inferscale_memory.store import Fact, ScoredFact
@@ -52,6 +53,7 @@ class ChatOptions(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
 
     max_tokens: MaxTokens | None = None
+    max_completion_tokens: MaxTokens | None = None  # OpenAI's newer name; wins over max_tokens
     temperature: Temperature | None = None
     stop: Stop | None = None
     seed: Seed | None = None
@@ -71,7 +73,8 @@ def check_options(options: dict[str, Any], *, default_max_tokens: int,
     """Check the options of one chat call and return them with defaults filled in.
 
     Args:
-        options: Any of ``max_tokens``, ``temperature``, ``stop``, ``seed``, ``logprobs``,
+        options: Any of ``max_tokens`` (or OpenAI's newer ``max_completion_tokens``, which
+            wins where both are given), ``temperature``, ``stop``, ``seed``, ``logprobs``,
             ``ignore_eos``, ``top_p`` (in (0, 1]), ``top_k`` (>= 0; 0: every token),
             ``presence_penalty`` and ``frequency_penalty`` (in [-2, 2]), as vLLM and
             OpenAI take them; ``None`` means the default.
@@ -83,19 +86,23 @@ def check_options(options: dict[str, Any], *, default_max_tokens: int,
         ``stop`` as a list, and the other options given.
 
     Raises:
-        InvalidInputError: An unknown option or a value of the wrong type or range.
+        InvalidInputError: An unknown option or a value of the wrong type or range; its
+            ``param`` names the option (``"stop.1"``).
     """
-    unknown = set(options) - set(OPTIONS)
+    unknown = sorted(set(options) - set(OPTIONS))
     if unknown:
-        raise InvalidInputError(f"unknown options {sorted(unknown)}; known: {list(OPTIONS)}")
+        raise InvalidInputError(f"unknown options {unknown}; known: {list(OPTIONS)}",
+                                unknown[0])
     try:
         given = ChatOptions.model_validate(options).model_dump(exclude_none=True)
     except ValidationError as exc:
-        raise InvalidInputError(describe(exc)) from None
+        raise invalid(exc) from None
     if given.get("logprobs", 0) > max_logprobs:
         raise InvalidInputError(
             f"logprobs: at most {max_logprobs} (the engine's max_logprobs); "
-            f"got {given['logprobs']}")
+            f"got {given['logprobs']}", "logprobs")
+    if "max_completion_tokens" in given:
+        given["max_tokens"] = given.pop("max_completion_tokens")
     if isinstance(given.get("stop"), str):
         given["stop"] = [given["stop"]]
     return {"max_tokens": default_max_tokens, "temperature": 0.0, **given}
@@ -129,10 +136,11 @@ def check_chat(config: MemoryConfig, messages: Any, *, k: int | None, mode: str,
     conversation = Conversation.check(messages)
     if not conversation or conversation[-1]["role"] not in ("user", "tool") \
             or not any(m["role"] == "user" for m in conversation):
-        raise InvalidInputError("the last message must be the user's (or tool results)")
+        raise InvalidInputError("the last message must be the user's (or tool results)",
+                                "messages")
     check(Mode, mode, "mode")
     if not isinstance(memory, bool):
-        raise InvalidInputError("memory must be true or false")
+        raise InvalidInputError("memory must be true or false", "memory")
     sampling = check_options(
         options, default_max_tokens=config.max_tokens,
         max_logprobs=config.engine_args.get("max_logprobs", DEFAULT_MAX_LOGPROBS))

@@ -145,6 +145,33 @@ def test_bad_messages_are_refused(messages: Any) -> None:
         Conversation.check(messages)
 
 
+def test_openai_message_shapes_become_plain_messages() -> None:
+    """The message shapes the server's OpenAPI document shows are the engine's own."""
+    checked = Conversation.check([
+        {"role": "developer", "content": [{"type": "text", "text": "Be "},
+                                          {"type": "text", "text": "brief."}]},
+        {"role": "user", "content": "Hi", "name": "omar"}])
+    assert list(checked) == [{"role": "system", "content": "Be brief."},
+                             {"role": "user", "content": "Hi"}]
+
+
+def test_max_completion_tokens_is_openais_max_tokens() -> None:
+    assert check(max_completion_tokens=5)["max_tokens"] == 5
+    assert check(max_completion_tokens=5, max_tokens=3)["max_tokens"] == 5
+    with pytest.raises(InvalidInputError) as refused:
+        check(max_completion_tokens=0)
+    assert refused.value.param == "max_completion_tokens"
+
+
+@pytest.mark.parametrize(("options", "param"), [
+    ({"temperature": "hot"}, "temperature"), ({"stop": ["ok", "\ud800"]}, "stop.1"),
+    ({"seed": SEED_MAX + 1}, "seed"), ({"logprobs": 21}, "logprobs"), ({"n": 2}, "n")])
+def test_a_refused_option_names_its_param(options: dict[str, Any], param: str) -> None:
+    with pytest.raises(InvalidInputError) as refused:
+        check(**options)
+    assert refused.value.param == param
+
+
 # -- a whole chat call (check_chat), against an engine's config, still without an engine --
 
 QUESTION = [{"role": "user", "content": "What does Omar grow?"}]

@@ -207,31 +207,42 @@ def test_the_guided_parameter_is_the_one_whose_schema_guides(kwargs: dict[str, A
     assert (request.structured_outputs() is None) == (param is None)
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(tools=[{"type": "function", "function": {"name": "no spaces"}}]), "function name"),
-    (dict(tools=[WEATHER, WEATHER]), "unique"),
-    (dict(tools="x"), "list"),
-    (dict(tool_choice="required"), "needs tools"),
-    (dict(tools=[WEATHER], tool_choice="always"), "tool_choice"),
+@pytest.mark.parametrize("kwargs, match, param", [
+    (dict(tools=[{"type": "function", "function": {"name": "no spaces"}}]), "should match",
+     "tools.0.function.name"),
+    (dict(tools=[WEATHER, WEATHER]), "unique", "tools.1.function.name"),
+    (dict(tools="x"), "list", "tools"),
+    (dict(tools=[{"type": "function"}]), "Field required", "tools.0.function"),
+    (dict(tools=[{**WEATHER, "function": {**WEATHER["function"], "description": 5}}]),
+     "valid string", "tools.0.function.description"),
+    (dict(tool_choice="required"), "needs tools", "tool_choice"),
+    (dict(tools=[WEATHER], tool_choice="always"), "tool_choice", "tool_choice"),
     (dict(tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "x"}}),
-     "not among tools"),
-    (dict(tools=[WEATHER], parallel_tool_calls="yes"), "parallel_tool_calls"),
-    (dict(response_format={"type": "xml"}), "response_format"),
-    (dict(response_format={"type": "json_schema"}), "json_schema"),
+     "not among tools", "tool_choice.function.name"),
+    (dict(tools=[WEATHER], parallel_tool_calls="yes"), "parallel_tool_calls",
+     "parallel_tool_calls"),
+    (dict(response_format={"type": "xml"}), "response_format", "response_format.type"),
+    (dict(response_format={"type": "json_schema"}), "json_schema",
+     "response_format.json_schema"),
+    (dict(response_format={"type": "json_schema", "json_schema": {"name": "n" * 65}}),
+     "at most 64", "response_format.json_schema.name"),
     (dict(tools=[WEATHER], tool_choice="required", response_format={"type": "json_object"}),
-     "constrain the same answer"),
+     "constrain the same answer", "response_format"),
     # what guided decoding may be asked (inferscale_memory.schema_limits; issue 30)
     (dict(response_format={"type": "json_schema", "json_schema": {"name": "o", "schema": {
-        "type": "string", "pattern": "^(a+)+$"}}}), r"schema_limits\.pattern_star_height"),
+        "type": "string", "pattern": "^(a+)+$"}}}), r"schema_limits\.pattern_star_height",
+     "response_format.json_schema.schema"),
     (dict(tools=[{"type": "function", "function": {"name": f"t{i}"}} for i in range(129)]),
-     r"129 tools, over the limit of 128 \(schema_limits\.tools\)"),
+     r"129 tools, over the limit of 128 \(schema_limits\.tools\)", "tools"),
     (dict(tools=[{**WEATHER, "function": {**WEATHER["function"], "parameters": {
         "type": "object", "properties": {"unit": {"enum": list(range(5000))}}}}}]),
-     r"tools\.0\.function\.parameters: an enum of 5000 values"),
+     r"tools\.0\.function\.parameters: an enum of 5000 values", "tools.0.function.parameters"),
 ])
-def test_bad_requests_are_refused(kwargs: dict[str, Any], match: str) -> None:
-    with pytest.raises(InvalidInputError, match=match):
+def test_bad_requests_are_refused(kwargs: dict[str, Any], match: str, param: str) -> None:
+    """Each refusal names the parameter at fault, as the server's 400 does (issue 32)."""
+    with pytest.raises(InvalidInputError, match=match) as refused:
         check_tool_request(**kwargs)
+    assert refused.value.param == param
 
 
 def test_tool_messages_render_after_the_memory_span(qwen: Any) -> None:
@@ -249,15 +260,20 @@ def test_tool_messages_render_after_the_memory_span(qwen: Any) -> None:
     assert "<tool_response>\n12 C\n</tool_response>" in footer
 
 
-@pytest.mark.parametrize("message, match", [
-    ({"role": "tool", "content": "x"}, "tool_call_id"),
-    ({"role": "assistant", "content": None, "tool_calls": [{"id": "c"}]}, "tool call"),
+@pytest.mark.parametrize("message, param", [
+    ({"role": "tool", "content": "x"}, "messages.0.tool_call_id"),
+    ({"role": "assistant", "content": None, "tool_calls": [{"id": "c"}]},
+     "messages.0.tool_calls.0.function"),
     ({"role": "assistant", "content": None, "tool_calls": [
-        {**CALL, "function": {"name": "f", "arguments": "not json"}}]}, "tool call"),
+        {**CALL, "function": {"name": "f", "arguments": "not json"}}]},
+     "messages.0.tool_calls.0.function.arguments"),
+    ({"role": "user", "content": "Hi", "tool_calls": "x"}, "messages.0.tool_calls"),
 ])
-def test_bad_tool_messages_are_refused(message: dict[str, Any], match: str) -> None:
-    with pytest.raises(InvalidInputError, match=match):
+def test_bad_tool_messages_are_refused(message: dict[str, Any], param: str) -> None:
+    with pytest.raises(InvalidInputError) as refused:
         Conversation.check([message])
+    assert refused.value.param == param
+    assert refused.value.param.split(".")[-1] in str(refused.value)
 
 
 # The public names of inferscale_memory/tools.py before it was split by noun (issue 32):

@@ -24,7 +24,8 @@ answered as ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``, which 
 and assistant turns (:func:`own_template_messages`). Setting
 :attr:`MemoryEngine.tool_parser` to ``None`` refuses tools on such a model instead.
 
-The parts, by noun: :mod:`.checks` (the options of a call, checked), :mod:`.request`
+The parts, by noun: :mod:`.shapes` (OpenAI's shapes of the options, which the server's
+OpenAPI document shows too), :mod:`.checks` (the options of a call, checked), :mod:`.request`
 (:class:`ToolRequest`: what they ask of guided decoding, and the answer read back),
 :mod:`.calls` (the calls, whole and streamed), :mod:`.stream` (:class:`ToolStream`) and
 :mod:`.prompt` (the template probe, our own tool prompt, tool turns as templates take
@@ -52,12 +53,7 @@ from inferscale_memory.tools.calls import (
     check_tool_calls,
     new_call_id,
 )
-from inferscale_memory.tools.checks import (
-    RESPONSE_FORMATS,
-    TOOL_CHOICES,
-    TOOL_NAME,
-    check_tool_request,
-)
+from inferscale_memory.tools.checks import check_tool_request
 from inferscale_memory.tools.prompt import (
     PROBE_TOOL,
     TOOL_MODELS,
@@ -70,6 +66,7 @@ from inferscale_memory.tools.prompt import (
     tool_prompt,
 )
 from inferscale_memory.tools.request import ToolRequest
+from inferscale_memory.tools.shapes import RESPONSE_FORMATS, TOOL_CHOICES, TOOL_NAME
 from inferscale_memory.tools.stream import ToolStream
 
 __all__ = [

@@ -8,7 +8,13 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import TypeAdapter, ValidationError
+
 from inferscale_memory.errors import InvalidInputError
+from inferscale_memory.fields import invalid
+from inferscale_memory.tools.shapes import ToolCallParam
+
+_CALLS = TypeAdapter(list[ToolCallParam])
 
 
 @dataclass(frozen=True)
@@ -49,20 +55,20 @@ def is_json_object(text: str) -> bool:
 
 
 def check_tool_calls(calls: Any, where: str) -> list[dict[str, Any]]:
-    """An assistant message's ``tool_calls`` in OpenAI's shape, checked and copied."""
-    if not isinstance(calls, list) or not calls:
-        raise InvalidInputError(f"{where}: tool_calls must be a non-empty list")
-    out = []
-    for call in calls:
-        function = call.get("function") if isinstance(call, dict) else None
-        if (not isinstance(function, dict) or not isinstance(call.get("id"), str)
-                or call.get("type", "function") != "function"
-                or not isinstance(function.get("name"), str)
-                or not isinstance(function.get("arguments"), str)
-                or not is_json_object(function["arguments"])):
-            raise InvalidInputError(
-                f"{where}: each tool call must be {{'id', 'type': 'function', 'function': "
-                "{'name', 'arguments': a JSON object as text}}")
-        out.append({"id": call["id"], "type": "function",
-                    "function": {"name": function["name"], "arguments": function["arguments"]}})
-    return out
+    """An assistant message's ``tool_calls`` in OpenAI's shape
+    (:class:`~inferscale_memory.tools.shapes.ToolCallParam`), checked and copied; ``where``
+    is the parameter that holds them (``"messages.1.tool_calls"``), which errors name.
+
+    Raises:
+        InvalidInputError: Not a list of tool calls, or arguments that are no JSON object.
+    """
+    try:
+        shaped = _CALLS.validate_python(calls)
+    except ValidationError as exc:
+        raise invalid(exc, where) from None
+    for j, call in enumerate(shaped):
+        if not is_json_object(call.function.arguments):
+            param = f"{where}.{j}.function.arguments"
+            raise InvalidInputError(f"{param}: a tool call's arguments must be a JSON object "
+                                    f"as text; got {call.function.arguments!r:.80}", param)
+    return [call.model_dump() for call in shaped]

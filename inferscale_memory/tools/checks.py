@@ -1,19 +1,24 @@
 """The tool and output options of one chat call (OpenAI's ``tools``, ``tool_choice``,
 ``parallel_tool_calls``, ``response_format``), checked into a
-:class:`~inferscale_memory.tools.request.ToolRequest`."""
+:class:`~inferscale_memory.tools.request.ToolRequest`: their shapes against
+:mod:`.shapes`, then the rules across them. Each error names its ``param``."""
 
 from __future__ import annotations
 
-import re
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import Field, TypeAdapter, ValidationError
 
 from inferscale_memory.errors import InvalidInputError
+from inferscale_memory.fields import check, invalid
 from inferscale_memory.schema_limits import SchemaLimits, check_guided
 from inferscale_memory.tools.request import ToolRequest
+from inferscale_memory.tools.shapes import ResponseFormat, ToolChoice, ToolParam
 
-TOOL_CHOICES = ("auto", "none", "required")
-RESPONSE_FORMATS = ("text", "json_object", "json_schema")
-TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+# A list (or, from Python, a tuple) of tools; each tool's shape stays strict.
+_TOOLS = TypeAdapter(Annotated[list[ToolParam], Field(strict=False)])
+_CHOICE = TypeAdapter(ToolChoice)
+_FORMAT = TypeAdapter(ResponseFormat)
 
 
 def check_tool_request(tools: Any = None, tool_choice: Any = None,
@@ -36,9 +41,7 @@ def check_tool_request(tools: Any = None, tool_choice: Any = None,
         return None
     checked = _tools(tools)
     choice = _choice(tool_choice, checked)
-    if parallel_tool_calls is not None and not isinstance(parallel_tool_calls, bool):
-        raise InvalidInputError(
-            f"parallel_tool_calls must be true or false; got {parallel_tool_calls!r:.50}")
+    check(bool | None, parallel_tool_calls, "parallel_tool_calls")
     request = ToolRequest(checked, choice, parallel_tool_calls is not False,
                           _response_format(response_format), parser)
     fmt = request.response_format
@@ -48,71 +51,57 @@ def check_tool_request(tools: Any = None, tool_choice: Any = None,
     if request.calls_tools and request.structured_outputs() is not None \
             and request.response_format not in (None, {"type": "text"}):
         raise InvalidInputError("response_format and tools constrain the same answer; "
-                                "send one, or tool_choice='none'")
+                                "send one, or tool_choice='none'", "response_format")
     return request
 
 
 def _tools(tools: Any) -> list[dict[str, Any]]:
     if tools is None:
         return []
-    if not isinstance(tools, list | tuple):
-        raise InvalidInputError("tools must be a list of tools")
-    out, names = [], set()
-    for i, tool in enumerate(tools):
-        function = tool.get("function") if isinstance(tool, dict) else None
-        if not isinstance(tool, dict) or tool.get("type") != "function" \
-                or not isinstance(function, dict):
-            raise InvalidInputError(f"tool {i} must be {{'type': 'function', 'function': "
-                                    "{'name', 'description', 'parameters'}}")
-        name = function.get("name")
-        if not isinstance(name, str) or not TOOL_NAME.fullmatch(name) or name in names:
-            raise InvalidInputError(f"tool {i}: the function name must be 1-64 letters, "
-                                    f"digits, '_' or '-', and unique; got {name!r:.70}")
-        parameters = function.get("parameters")
-        if parameters is not None and not isinstance(parameters, dict):
-            raise InvalidInputError(f"tool {i}: parameters must be a JSON schema object")
-        if not isinstance(function.get("description", ""), str):
-            raise InvalidInputError(f"tool {i}: description must be a string")
-        names.add(name)
-        kept = {key: function[key] for key in ("name", "description", "parameters", "strict")
-                if function.get(key) is not None}
-        out.append({"type": "function", "function": kept})
-    return out
+    try:
+        shaped = _TOOLS.validate_python(tools)
+    except ValidationError as exc:
+        raise invalid(exc, "tools") from None
+    names: set[str] = set()
+    for i, tool in enumerate(shaped):
+        if tool.function.name in names:
+            raise InvalidInputError(f"tools.{i}.function.name: each function's name must be "
+                                    f"unique; {tool.function.name!r} is taken",
+                                    f"tools.{i}.function.name")
+        names.add(tool.function.name)
+    return [tool.model_dump(exclude_none=True) for tool in shaped]
 
 
 def _choice(choice: Any, tools: list[dict[str, Any]]) -> str | dict[str, Any]:
     if choice is None:
         return "auto" if tools else "none"
-    if isinstance(choice, str):
-        if choice not in TOOL_CHOICES:
-            raise InvalidInputError(f"tool_choice must be one of {TOOL_CHOICES} or a named "
-                                    f"function; got {choice!r:.50}")
-        if choice != "none" and not tools:
-            raise InvalidInputError(f"tool_choice {choice!r} needs tools")
-        return choice
-    function = choice.get("function") if isinstance(choice, dict) else None
-    name = function.get("name") if isinstance(function, dict) else None
-    if not isinstance(choice, dict) or choice.get("type") != "function" \
-            or not isinstance(name, str):
-        raise InvalidInputError("a named tool_choice must be {'type': 'function', "
-                                "'function': {'name': ...}}")
+    try:
+        shaped = _CHOICE.validate_python(choice)
+    except ValidationError as exc:
+        raise invalid(exc, "tool_choice") from None
+    if isinstance(shaped, str):
+        if shaped != "none" and not tools:
+            raise InvalidInputError(f"tool_choice {shaped!r} needs tools", "tool_choice")
+        return shaped
+    name = shaped.function.name
     if name not in {t["function"]["name"] for t in tools}:
-        raise InvalidInputError(f"tool_choice names {name!r:.70}, which is not among tools")
-    return {"type": "function", "function": {"name": name}}
+        raise InvalidInputError(f"tool_choice names {name!r:.70}, which is not among tools",
+                                "tool_choice.function.name")
+    return shaped.model_dump()
 
 
 def _response_format(value: Any) -> dict[str, Any] | None:
     if value is None:
         return None
-    kind = value.get("type") if isinstance(value, dict) else None
-    if kind not in RESPONSE_FORMATS:
-        raise InvalidInputError(f"response_format must be {{'type': one of {RESPONSE_FORMATS}}}"
-                                f"; got {value!r:.80}")
-    if kind != "json_schema":
-        return {"type": kind}
-    spec = value.get("json_schema")
-    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str) \
-            or not isinstance(spec.get("schema", {}), dict):
+    try:
+        shaped = _FORMAT.validate_python(value)
+    except ValidationError as exc:
+        raise invalid(exc, "response_format") from None
+    if shaped.type != "json_schema":
+        return {"type": shaped.type}
+    if shaped.json_schema is None:
         raise InvalidInputError("response_format json_schema must be {'type': 'json_schema', "
-                                "'json_schema': {'name', 'schema': a JSON schema object}}")
-    return {"type": kind, "json_schema": dict(spec)}
+                                "'json_schema': {'name', 'schema': a JSON schema object}}",
+                                "response_format.json_schema")
+    return {"type": shaped.type,
+            "json_schema": shaped.json_schema.model_dump(by_alias=True, exclude_none=True)}
