@@ -1,6 +1,6 @@
 """The shared field types (no engine): the config, the engine's per-call checks, the chat
 options and the server's request schemas take each rule from one place, so they accept and
-refuse the same values."""
+refuse the same values (the server's chat fields only show it: the engine checks them)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import math
 from typing import Any
 
 import pytest
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 
 from inferscale_memory import ConfigError, InvalidInputError, MemoryConfig
 from inferscale_memory.conversation import Conversation
@@ -22,7 +22,7 @@ from inferscale_memory.fields import (
     check,
     unicode_text,
 )
-from inferscale_memory.options import check_options
+from inferscale_memory.options import ChatOptions, check_options
 from inferscale_memory.server.schemas import ChatCompletionRequest, MemoryOptions
 
 QUALITY = [
@@ -65,16 +65,21 @@ SAMPLING = [
 
 
 @pytest.mark.parametrize(("name", "good", "bad"), SAMPLING, ids=[s[0] for s in SAMPLING])
-def test_chat_options_and_the_server_schema_share_a_rule(name: str, good: Any,
-                                                         bad: list[Any]) -> None:
+def test_the_server_schema_shows_the_engines_rule_and_leaves_the_check_to_it(
+        name: str, good: Any, bad: list[Any]) -> None:
+    """The engine checks a sampling option (issue 32: once); the server's request schema
+    documents the same type for the OpenAPI document and passes the value on as sent."""
     request = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    kind = ChatOptions.model_fields[name].annotation
+    documented = ChatCompletionRequest.model_json_schema()["properties"][name]
+    assert documented["anyOf"] == TypeAdapter(kind).json_schema()["anyOf"]
     assert check_options({name: good}, default_max_tokens=8)[name] == good
-    assert getattr(ChatCompletionRequest(**request, **{name: good}), name) == good
     for value in bad:
-        with pytest.raises(InvalidInputError, match=name):
+        with pytest.raises(InvalidInputError, match=name) as refused:
             check_options({name: value}, default_max_tokens=8)
-        with pytest.raises(ValidationError):
-            ChatCompletionRequest(**request, **{name: value})
+        assert refused.value.param is not None and refused.value.param.startswith(name)
+        sent = ChatCompletionRequest(**request, **{name: value})
+        assert sent.engine_options() == {name: value}
 
 
 def test_one_unicode_check_names_the_place() -> None:

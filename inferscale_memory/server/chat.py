@@ -27,6 +27,7 @@ from inferscale_memory.server.errors import (
     sse_error,
 )
 from inferscale_memory.server.schemas import (
+    MAX_MESSAGES,
     AssistantMessage,
     ChatCompletion,
     ChatCompletionChunk,
@@ -39,7 +40,6 @@ from inferscale_memory.server.schemas import (
     ChunkToolCall,
     MemoryOptions,
     MemoryReport,
-    NamedToolChoice,
     PromptTokensDetails,
     TokenLogprob,
     ToolCall,
@@ -114,7 +114,7 @@ class _Call:
         self.mode = options.mode if user is not None else "off"
         self.k = options.k or ctx.engine.config.k
         self.top_logprobs = (body.top_logprobs or 0) if body.logprobs else None
-        self.messages = [m.to_engine() for m in body.messages]
+        self.messages = body.messages  # the engine checks them (and the engine's fields)
         kwargs: dict[str, Any] = {  # a user without facts yet: the engine answers plainly
             # vLLM's prefix cache is shared within user_id: a chat that names no user is
             # answered without memory for its API key (auth.Principal.salt_user)
@@ -122,20 +122,9 @@ class _Call:
             "memory": self.mode != "off", "k": options.k,
             "mode": "text" if self.mode == "off" else self.mode,
             "fact_order": options.fact_order, "recompute_tail": options.recompute_tail,
-            "max_tokens": body.max_completion_tokens or body.max_tokens,
-            "stop": body.stop_list(), "seed": body.seed, "ignore_eos": body.ignore_eos or None,
             "logprobs": max(1, self.top_logprobs) if self.top_logprobs is not None else None,
-            "tools": [t.model_dump(exclude_none=True) for t in body.tools]
-            if body.tools else None,
-            "tool_choice": body.tool_choice.model_dump()
-            if isinstance(body.tool_choice, NamedToolChoice) else body.tool_choice,
-            "parallel_tool_calls": body.parallel_tool_calls,
-            "response_format": body.response_format.to_engine()
-            if body.response_format else None,
+            **body.engine_options(),
         }
-        for name in ("temperature", "top_p", "top_k", "presence_penalty", "frequency_penalty"):
-            if getattr(body, name) is not None:
-                kwargs[name] = getattr(body, name)
         self.kwargs = {key: value for key, value in kwargs.items()
                        if value is not None or key == "user_id"}
 
@@ -151,6 +140,9 @@ class _Call:
         if body.stream and body.logprobs:
             raise APIError(400, "logprobs are only supported without stream",
                            param="logprobs", code="unsupported_parameter")
+        if isinstance(body.messages, list) and len(body.messages) > MAX_MESSAGES:
+            raise APIError(400, f"messages: at most {MAX_MESSAGES} messages; got "
+                           f"{len(body.messages)}", param="messages", code="invalid_value")
         return cls(ctx, body, user, salt_user)
 
     def observe(self, result: ChatResult) -> None:

@@ -48,9 +48,10 @@ class ServerContext:
                            param="model", code="model_not_found")
 
 
-    def check_max_tokens(self, value: int | None, param: str) -> None:
-        """Raise a 400 if ``value`` exceeds the server's ``max_tokens`` limit."""
-        if value is not None and self.max_tokens_limit is not None \
+    def check_max_tokens(self, value: Any, param: str) -> None:
+        """Raise a 400 if ``value`` exceeds the server's ``max_tokens`` limit (a value that
+        is no count at all is the engine's to refuse)."""
+        if isinstance(value, int) and self.max_tokens_limit is not None \
                 and value > self.max_tokens_limit:
             raise APIError(400, f"{param} is {value}; this server answers with at most "
                            f"{self.max_tokens_limit} tokens", param=param, code="invalid_value")

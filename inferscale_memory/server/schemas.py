@@ -6,19 +6,24 @@ Requests honour OpenAI's sampling parameters (``temperature``, ``top_p``,
 ...) and reject ones whose silent omission would change the answer (``functions``,
 ``logit_bias``, ``n`` > 1). ``tools``, ``tool_choice``, ``parallel_tool_calls`` and
 ``response_format`` (``json_object``, ``json_schema``) are OpenAI's (see
-:mod:`inferscale_memory.tools`). Validation is strict:
-no string or boolean is coerced to another type (``"stream": "yes"`` and ``"k": true`` are
-400s). The memory extensions are ``memory`` in the request (:class:`MemoryOptions`) and
-``memory`` in the response (:class:`MemoryReport`), plus ``injected_tokens`` and
-``computed_prompt_tokens`` in ``usage``.
+:mod:`inferscale_memory.tools`). Validation is strict: no string or boolean is coerced to
+another type (``"stream": "yes"`` and ``"k": true`` are 400s). The messages and the fields
+the engine takes are checked by the engine alone (:data:`ENGINE_FIELDS`): this schema shows
+them with the engine's own types (:mod:`inferscale_memory.fields`,
+:mod:`inferscale_memory.tools.shapes`, :class:`~inferscale_memory.conversation.ChatMessage`)
+for the OpenAPI document and passes them on as sent. The memory extensions are ``memory``
+in the request (:class:`MemoryOptions`) and ``memory`` in the response
+(:class:`MemoryReport`), plus ``injected_tokens`` and ``computed_prompt_tokens`` in
+``usage``.
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SkipValidation
 
+from inferscale_memory.conversation import ChatMessage
 from inferscale_memory.fields import (
     FactCount,
     FactOrder,
@@ -32,11 +37,16 @@ from inferscale_memory.fields import (
     TopK,
     TopP,
 )
+from inferscale_memory.tools.shapes import ResponseFormat, ToolChoice, ToolParam
 
 # The server's own limits, over the engine's rules (the field types).
 MAX_K = 1024
-MAX_MESSAGES = 1024
-MAX_ANSWER_TOKENS = 1_000_000
+MAX_MESSAGES = 1024  # checked by the chat handler: the engine checks the messages
+MAX_TOP_LOGPROBS = 20  # OpenAI's bound of top_logprobs (the engine's max_logprobs bounds it too)
+# The request's fields that the engine checks, passed to it as sent; ``messages`` too.
+ENGINE_FIELDS = ("max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
+                 "presence_penalty", "frequency_penalty", "stop", "seed", "ignore_eos",
+                 "tools", "tool_choice", "parallel_tool_calls", "response_format")
 
 
 class ErrorDetail(BaseModel):
@@ -52,127 +62,6 @@ class ErrorResponse(BaseModel):
     """Every error response: ``{"error": {...}}``."""
 
     error: ErrorDetail
-
-
-class TextPart(BaseModel):
-    """A text content part (the only kind supported)."""
-
-    model_config = ConfigDict(strict=True)
-
-    type: Literal["text"]
-    text: str
-
-
-class FunctionCallParam(BaseModel):
-    """The function of a tool call: ``arguments`` is a JSON object as text."""
-
-    model_config = ConfigDict(extra="ignore", strict=True)
-
-    name: str
-    arguments: str
-
-
-class ToolCallParam(BaseModel):
-    """A tool call of an earlier assistant message."""
-
-    model_config = ConfigDict(extra="ignore", strict=True)
-
-    id: str
-    type: Literal["function"] = "function"
-    function: FunctionCallParam
-
-
-class ChatMessage(BaseModel):
-    """One message of the conversation (``developer`` is treated as ``system``).
-
-    An ``assistant`` message may carry ``tool_calls`` (``content`` may then be null), and a
-    ``tool`` message carries the result of one (``tool_call_id``).
-    """
-
-    model_config = ConfigDict(extra="ignore", strict=True)
-
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
-    name: str | None = None
-    tool_calls: list[ToolCallParam] | None = Field(None, max_length=128)
-    tool_call_id: str | None = None
-
-    def text(self) -> str:
-        """The message's text (text parts joined)."""
-        if isinstance(self.content, str):
-            return self.content
-        return "".join(part.text for part in self.content or [])
-
-    def to_engine(self) -> dict[str, Any]:
-        """The message as :meth:`MemoryEngine.chat` takes it."""
-        message: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role,
-                                   "content": None if self.content is None else self.text()}
-        if self.tool_calls:
-            message["tool_calls"] = [call.model_dump() for call in self.tool_calls]
-        if self.tool_call_id is not None:
-            message["tool_call_id"] = self.tool_call_id
-        return message
-
-
-class FunctionParam(BaseModel):
-    """A function the model may call: its ``parameters`` are a JSON schema."""
-
-    model_config = ConfigDict(extra="ignore", strict=True)
-
-    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
-    description: str | None = None
-    parameters: dict[str, Any] | None = None
-    strict: bool | None = None
-
-
-class ToolParam(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)
-
-    type: Literal["function"]
-    function: FunctionParam
-
-
-class NamedFunction(BaseModel):
-    model_config = ConfigDict(strict=True)
-
-    name: str
-
-
-class NamedToolChoice(BaseModel):
-    """``tool_choice`` naming the function the model must call."""
-
-    model_config = ConfigDict(strict=True)
-
-    type: Literal["function"]
-    function: NamedFunction
-
-
-class JsonSchemaFormat(BaseModel):
-    """``response_format.json_schema``: the answer is JSON valid against ``schema``."""
-
-    model_config = ConfigDict(extra="ignore", strict=True, populate_by_name=True)
-
-    name: str = Field(max_length=64)
-    description: str | None = None
-    json_schema: dict[str, Any] | None = Field(None, alias="schema")
-    strict: bool | None = None
-
-
-class ResponseFormat(BaseModel):
-    """``response_format``: ``text``, ``json_object`` or ``json_schema`` (guided decoding)."""
-
-    model_config = ConfigDict(strict=True)
-
-    type: Literal["text", "json_object", "json_schema"]
-    json_schema: JsonSchemaFormat | None = None
-
-    def to_engine(self) -> dict[str, Any]:
-        if self.type != "json_schema":
-            return {"type": self.type}
-        if self.json_schema is None:
-            return {"type": "json_schema"}  # the engine says what is missing
-        spec = self.json_schema.model_dump(by_alias=True, exclude_none=True)
-        return {"type": "json_schema", "json_schema": spec}
 
 
 class MemoryOptions(BaseModel):
@@ -205,43 +94,50 @@ class StreamOptions(BaseModel):
 
 
 class ChatCompletionRequest(BaseModel):
-    """``POST /v1/chat/completions``."""
+    """``POST /v1/chat/completions``.
+
+    The fields the engine takes (:data:`ENGINE_FIELDS`) are shown with the engine's types
+    and passed to it as sent: the engine checks them (:func:`check_chat`), so this schema
+    does not check them again, and a refusal names the same ``param`` as ``engine.chat``'s.
+    """
 
     model_config = ConfigDict(extra="ignore", strict=True)
 
     model: str = Field(max_length=512)
-    messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
-    max_tokens: Annotated[MaxTokens, Field(le=MAX_ANSWER_TOKENS)] | None = None
-    max_completion_tokens: Annotated[MaxTokens, Field(le=MAX_ANSWER_TOKENS)] | None = None
-    temperature: Temperature | None = None
-    top_p: TopP | None = None
-    top_k: TopK | None = Field(None, description="vLLM's extension (0: every token)")
-    presence_penalty: Penalty | None = None
-    frequency_penalty: Penalty | None = None
-    stop: Stop | None = None
-    seed: Seed | None = None
+    messages: SkipValidation[Annotated[list[ChatMessage],
+                                       Field(min_length=1, max_length=MAX_MESSAGES)]]
+    max_tokens: SkipValidation[MaxTokens | None] = None
+    max_completion_tokens: SkipValidation[MaxTokens | None] = None
+    temperature: SkipValidation[Temperature | None] = None
+    top_p: SkipValidation[TopP | None] = None
+    top_k: SkipValidation[TopK | None] = Field(None, description="vLLM's extension "
+                                               "(0: every token)")
+    presence_penalty: SkipValidation[Penalty | None] = None
+    frequency_penalty: SkipValidation[Penalty | None] = None
+    stop: SkipValidation[Stop | None] = None
+    seed: SkipValidation[Seed | None] = None
     logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0, le=20)
-    ignore_eos: bool = Field(False, description="vLLM's extension: generate max_tokens "
-                             "tokens, past the end-of-sequence token")
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    ignore_eos: SkipValidation[bool] = Field(False, description="vLLM's extension: generate "
+                                             "max_tokens tokens, past the end-of-sequence token")
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int = Field(1, ge=1, le=1, description="Only 1 is supported")
     user: str | None = Field(None, description="The memory user (or X-Memory-User)")
     memory: MemoryOptions | None = None
-    tools: list[ToolParam] | None = Field(None, max_length=128)
-    tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
-    parallel_tool_calls: bool | None = None
+    tools: SkipValidation[list[ToolParam] | None] = Field(
+        None, description="At most the engine's schema_limits.tools (128 by default)")
+    tool_choice: SkipValidation[ToolChoice | None] = None
+    parallel_tool_calls: SkipValidation[bool | None] = None
     functions: list[Any] | None = Field(None, description="Not supported: must be absent "
                                         "(use tools)")
     logit_bias: dict[str, Any] | None = Field(None, description="Not supported: must be absent")
-    response_format: ResponseFormat | None = None
+    response_format: SkipValidation[ResponseFormat | None] = None
 
-    def stop_list(self) -> list[str] | None:
-        """``stop`` as a list (``None`` when absent)."""
-        if self.stop is None:
-            return None
-        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+    def engine_options(self) -> dict[str, Any]:
+        """The engine's fields (:data:`ENGINE_FIELDS`) the request gave, as it gave them."""
+        return {name: getattr(self, name) for name in ENGINE_FIELDS
+                if name in self.model_fields_set and getattr(self, name) is not None}
 
 
 class MemoryReport(BaseModel):

@@ -1,6 +1,7 @@
 """A chat is checked once, by the engine's checkers, whichever way it comes in (issue 32):
-the server refuses an invalid chat with the engine's own error, and a request's messages
-and schemas pass their checkers once."""
+the server refuses an invalid chat (messages, tools, tool_choice, response_format, sampling
+options) with the engine's own error, a request's messages, tools, options and schemas
+pass their checkers once, and the OpenAPI document shows the engine's shapes."""
 
 from __future__ import annotations
 
@@ -10,8 +11,12 @@ import pytest
 from server_helpers import ask, assert_openai_error, http
 
 import inferscale_memory.conversation
+import inferscale_memory.options
 import inferscale_memory.tools.checks
 from inferscale_memory import InvalidInputError
+from inferscale_memory.conversation import ROLES
+from inferscale_memory.fields import MAX_STOPS, SEED_MAX
+from inferscale_memory.tools.shapes import RESPONSE_FORMATS, TOOL_CHOICES, TOOL_NAME
 
 if TYPE_CHECKING:
     from inferscale_memory import MemoryEngine
@@ -31,29 +36,80 @@ def json_schema(schema: dict[str, Any]) -> dict[str, Any]:
     return {"type": "json_schema", "json_schema": {"name": "o", "schema": schema}}
 
 
-# Chats the server's request schema accepts and one of the engine's checkers refuses.
-INVALID_CHATS: list[dict[str, Any]] = [
-    {"messages": [*ask("Hi"), {"role": "tool", "tool_call_id": "call_1", "content": "12"}]},
-    {"messages": [*CALLED, {"role": "tool", "content": "12"}]},
-    {"messages": [*ask("Hi"), {"role": "assistant", "content": None, "tool_calls": [
-        {**CALL, "function": {"name": "f", "arguments": "not json"}}]}, *ask("And?")]},
-    {"messages": ask("Hi") + [{"role": "assistant", "content": "Hello"}]},
-    {"response_format": json_schema({"type": []})},
-    {"response_format": json_schema({"type": "string", "pattern": "^(a+)+$"})},
-    {"tools": [WEATHER, WEATHER]},
-    {"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
-]
+def function(**changes: Any) -> dict[str, Any]:
+    return {"type": "function", "function": {**WEATHER["function"], **changes}}
 
 
-@pytest.mark.parametrize("chat", INVALID_CHATS, ids=[
-    "orphan-result", "no-tool-call-id", "arguments-not-json", "assistant-last",
-    "admits-nothing", "nested-pattern", "same-tool-twice", "unknown-named-tool"])
+# Chats that one of the engine's checkers refuses; the server's request schema shows their
+# shapes and passes them on.
+INVALID_CHATS: dict[str, dict[str, Any]] = {
+    # messages
+    "orphan-result": {"messages": [
+        *ask("Hi"), {"role": "tool", "tool_call_id": "call_1", "content": "12"}]},
+    "no-tool-call-id": {"messages": [*CALLED, {"role": "tool", "content": "12"}]},
+    "arguments-not-json": {"messages": [*ask("Hi"), {"role": "assistant", "content": None,
+                                                     "tool_calls": [{**CALL, "function": {
+                                                         "name": "f", "arguments": "no"}}]},
+                                        *ask("And?")]},
+    "call-without-function": {"messages": [*ask("Hi"), {"role": "assistant", "content": None,
+                                                        "tool_calls": [{"id": "c"}]},
+                                           *ask("And?")]},
+    "assistant-last": {"messages": ask("Hi") + [{"role": "assistant", "content": "Hello"}]},
+    "no-messages": {"messages": []},
+    "messages-a-string": {"messages": "Hi"},
+    "unknown-role": {"messages": [{"role": "robot", "content": "Hi"}]},
+    "content-a-number": {"messages": [{"role": "user", "content": 42}]},
+    "image-part": {"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "http://x"}}]}]},
+    "name-a-number": {"messages": [{"role": "user", "content": "Hi", "name": 5}]},
+    # schemas
+    "admits-nothing": {"response_format": json_schema({"type": []})},
+    "nested-pattern": {"response_format": json_schema({"type": "string", "pattern": "^(a+)+$"})},
+    # tools and tool_choice
+    "same-tool-twice": {"tools": [WEATHER, WEATHER]},
+    "unknown-named-tool": {"tools": [WEATHER], "tool_choice": {
+        "type": "function", "function": {"name": "nope"}}},
+    "tools-a-string": {"tools": "get_weather"},
+    "tool-without-function": {"tools": [{"type": "function"}]},
+    "bad-tool-name": {"tools": [function(name="bad name!")]},
+    "description-a-number": {"tools": [function(description=5)]},
+    "parameters-a-list": {"tools": [function(parameters=[])]},
+    "unknown-tool-choice": {"tools": [WEATHER], "tool_choice": "always"},
+    "required-without-tools": {"tool_choice": "required"},
+    "parallel-a-string": {"tools": [WEATHER], "parallel_tool_calls": "yes"},
+    # response_format
+    "xml-format": {"response_format": {"type": "xml"}},
+    "json-schema-missing": {"response_format": {"type": "json_schema"}},
+    "format-name-too-long": {"response_format": {"type": "json_schema", "json_schema": {
+        "name": "n" * 65, "schema": {"type": "object"}}}},
+    # sampling options
+    "temperature-a-string": {"temperature": "hot"},
+    "temperature-too-high": {"temperature": 9},
+    "top_p-zero": {"top_p": 0},
+    "top_k-negative": {"top_k": -1},
+    "presence-too-high": {"presence_penalty": 3},
+    "frequency-a-string": {"frequency_penalty": "1"},
+    "stop-numbers": {"stop": [1, 2]},
+    "stop-empty": {"stop": ""},
+    "seed-too-big": {"seed": SEED_MAX + 1},
+    "max_tokens-zero": {"max_tokens": 0},
+    "max_tokens-a-float": {"max_tokens": 4.0},
+    "max_completion_tokens-zero": {"max_completion_tokens": 0},
+    "ignore_eos-a-string": {"ignore_eos": "yes"},
+}
+
+
+@pytest.mark.parametrize("chat", INVALID_CHATS.values(), ids=INVALID_CHATS.keys())
 def test_the_engine_and_the_server_refuse_an_invalid_chat_alike(
         server: ServerHandle, engine: MemoryEngine, model: str, chat: dict[str, Any]) -> None:
-    options = {key: value for key, value in chat.items() if key != "messages"}
+    """Same message, same param: the server's refusal is the engine's (its request schema
+    checks none of it again)."""
+    options = {"max_tokens": 2, **{key: value for key, value in chat.items()
+                                   if key != "messages"}}
     with pytest.raises(InvalidInputError) as caught:
-        engine.chat(chat["messages"] if "messages" in chat else ask("Hi"), max_tokens=2,
-                    memory=False, **options)
+        engine.chat(chat["messages"] if "messages" in chat else ask("Hi"), memory=False,
+                    **options)
+    assert caught.value.param is not None, caught.value
     with http(server) as client:
         response = client.post("/chat/completions", json={
             "model": model, "messages": ask("Hi"), "max_tokens": 2, **chat})
@@ -64,25 +120,48 @@ def test_the_engine_and_the_server_refuse_an_invalid_chat_alike(
 
 def test_a_request_passes_each_checker_once(server: ServerHandle, model: str,
                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    """Schemas were checked by the server and again by the engine, and each message twice
-    by the engine (its call check and the prompt layout)."""
-    counted: dict[str, int] = {"message": 0, "schemas": 0}
+    """Each of the engine's checkers runs once per HTTP request: messages were checked twice
+    by the engine (its call check and the prompt layout), and tools, tool_choice,
+    response_format and the sampling options by the server's request schema too, which now
+    only shows them (the refusals above are the engine's, word for word)."""
+    counted: dict[str, int] = {}
 
-    def counting(module: Any, name: str, key: str) -> None:
+    def counting(module: Any, name: str) -> None:
         checker = getattr(module, name)
+        counted[name] = 0
 
         def count(*args: Any, **kwargs: Any) -> Any:
-            counted[key] += 1
+            counted[name] += 1
             return checker(*args, **kwargs)
 
         monkeypatch.setattr(module, name, count)
 
-    counting(inferscale_memory.conversation, "_message", "message")
-    counting(inferscale_memory.tools.checks, "check_guided", "schemas")
+    counting(inferscale_memory.conversation, "_message")
+    counting(inferscale_memory.conversation, "check_tool_calls")
+    for name in ("check_guided", "_tools", "_choice", "_response_format"):
+        counting(inferscale_memory.tools.checks, name)
+    counting(inferscale_memory.options, "check_options")
     messages = [*CALLED, {"role": "tool", "tool_call_id": "call_1", "content": "12 C"}]
     with http(server) as client:
         response = client.post("/chat/completions", json={
             "model": model, "messages": messages, "max_tokens": 2, "tools": [WEATHER],
-            "tool_choice": "none", "memory": {"mode": "off"}})
+            "tool_choice": "none", "parallel_tool_calls": False,
+            "response_format": {"type": "text"}, "temperature": 0.5, "top_p": 0.9,
+            "top_k": 5, "stop": ["\n\n"], "seed": 3, "memory": {"mode": "off"}})
     assert response.status_code == 200, response.text
-    assert counted == {"message": len(messages), "schemas": 1}
+    assert counted == {"_message": len(messages), "check_tool_calls": 1, "check_guided": 1,
+                       "_tools": 1, "_choice": 1, "_response_format": 1, "check_options": 1}
+
+
+def test_the_openapi_document_shows_the_engines_shapes(server: ServerHandle) -> None:
+    """The request schema's constraints come from the engine's definitions, not copies."""
+    with http(server) as client:
+        document = client.get(f"{server.url}/openapi.json").json()
+    shapes = document["components"]["schemas"]
+    request = shapes["ChatCompletionRequest"]["properties"]
+    assert shapes["ChatMessage"]["properties"]["role"]["enum"] == list(ROLES)
+    assert shapes["FunctionParam"]["properties"]["name"]["pattern"] == TOOL_NAME.pattern
+    assert shapes["ResponseFormat"]["properties"]["type"]["enum"] == list(RESPONSE_FORMATS)
+    assert {"enum": list(TOOL_CHOICES), "type": "string"} in request["tool_choice"]["anyOf"]
+    assert {"type": "number", "minimum": 0, "maximum": 2} in request["temperature"]["anyOf"]
+    assert [part.get("maxItems") for part in request["stop"]["anyOf"]] == [None, MAX_STOPS, None]

@@ -6,9 +6,14 @@ documented schema; invalid ones must be refused (4xx); every ``/v1`` request wit
 valid API key gets a 401. The engine must answer a chat afterwards.
 
 Valid requests are steered past the first refusals (see :func:`tame`), and chat
-completions are kept cheap: a schema-valid ``max_tokens`` may be up to 1,000,000, and at
-some ten milliseconds per token on a CPU one such request would take minutes, so
-``max_tokens`` above 4 is lowered to 4 (and set to 4 when absent).
+completions are kept cheap: a schema-valid ``max_tokens`` may be any count (the server's
+``max_tokens_limit`` and the context bound it), and at some ten milliseconds per token on
+a CPU one such request would take minutes, so ``max_tokens`` above 4 is lowered to 4 (and
+set to 4 when absent).
+
+The chat's messages, tools and sampling options are shown with the engine's shapes and
+checked by the engine alone (tests/server/test_server_chat_checks.py): an invalid one must
+still be refused, now by the engine.
 """
 
 from __future__ import annotations
