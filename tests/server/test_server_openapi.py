@@ -139,10 +139,16 @@ def constants_of_the_document(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]
     """
     from hypothesis.internal.conjecture import providers
 
-    monkeypatch.setattr(providers, "_get_local_constants", providers.Constants)
-    providers.CONSTANTS_CACHE.cache.clear()  # allowed constants drawn from the old pool
+    cache = getattr(getattr(providers, "CONSTANTS_CACHE", None), "cache", None)
+    if hasattr(providers, "_get_local_constants") and hasattr(providers, "Constants"):
+        # private names of hypothesis 6.131-6.170: a version without them draws no local
+        # constants, or another way, and is used as it is
+        monkeypatch.setattr(providers, "_get_local_constants", providers.Constants)
+    if cache is not None:
+        cache.clear()  # allowed constants drawn from the old pool
     yield
-    providers.CONSTANTS_CACHE.cache.clear()
+    if cache is not None:
+        cache.clear()
 
 
 @pytest.mark.usefixtures("constants_of_the_document")
