@@ -483,10 +483,13 @@ def engine_arguments(model_path: Path, config: MemoryConfig, *, connector: bool 
 
 
 def _cuda() -> bool:
-    """Whether engines of this process run on a CUDA device."""
+    """Whether engines of this process run on a CUDA device: a CUDA build of torch, as
+    :func:`~inferscale_memory.sizing.probe_memory` decides it. Never
+    ``torch.cuda.is_available()``: the CUDA runtime it starts in this process breaks the
+    engine processes vLLM forks from it."""
     import torch
 
-    return bool(torch.cuda.is_available())
+    return torch.version.cuda is not None
 
 
 def request_salt(user: str | None, params: RequestParams | None) -> str:

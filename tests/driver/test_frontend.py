@@ -213,3 +213,22 @@ def test_the_engine_arguments_carry_the_graph_size_on_cuda(
     assert runtime.engine_arguments(folder, config)["max_cudagraph_capture_size"] == 512
     monkeypatch.setattr(runtime, "_cuda", lambda: False)
     assert "max_cudagraph_capture_size" not in runtime.engine_arguments(folder, MemoryConfig())
+
+
+def test_the_graph_size_is_decided_without_starting_cuda(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The engine's process must leave the CUDA runtime alone (vLLM forks its engine from
+    it): a CUDA build of torch decides, as ``sizing.probe_memory`` does, never
+    ``torch.cuda.is_available()``."""
+    import torch
+
+    from inferscale_memory import runtime
+    from inferscale_memory.config import MemoryConfig
+
+    def no_cuda_runtime() -> bool:
+        raise AssertionError("torch.cuda.is_available() starts the CUDA runtime")
+
+    monkeypatch.setattr(torch.cuda, "is_available", no_cuda_runtime)
+    monkeypatch.setattr(torch.version, "cuda", "12.8")
+    folder = write_dummy_model(tmp_path / "model", "llama-tiny")
+    assert runtime.engine_arguments(folder, MemoryConfig())["max_cudagraph_capture_size"] == 2048
