@@ -60,7 +60,6 @@ def answer(engine: MemoryEngine | ProcessReplica):
 
 def test_two_replicas_share_facts_and_never_inject_stale_kv(pg_url: str, tiny_model: Path,
                                                             tmp_path: Path) -> None:
-    with_vector_extension(pg_url)
     with ProcessReplica(pg_url, tiny_model, tmp_path) as b, replica(pg_url, tiny_model) as a:
         b.wait_ready()
         # Added on A: answerable on B at once (recomputed there, then captured).
@@ -93,16 +92,6 @@ def test_two_replicas_share_facts_and_never_inject_stale_kv(pg_url: str, tiny_mo
             assert fact.id not in result.metrics.fact_ids
             assert fact.id not in result.metrics.injected_fact_ids
         b.stop()  # B closes its engine while A closes its own
-
-
-def with_vector_extension(url: str) -> None:
-    """Create pgvector in the database before the replicas open it at once: their stores
-    create it if missing, outside the migration's lock, and two concurrent
-    ``CREATE EXTENSION IF NOT EXISTS`` can fail one of them (a duplicate key)."""
-    import psycopg
-
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
 
 
 @dataclass

@@ -407,6 +407,38 @@ def test_two_stores_on_one_database_see_each_others_writes_at_once(pg_url, embed
             "ADD", "UPDATE", "DELETE"]
 
 
+@needs_postgres
+def test_replicas_opening_a_new_database_at_once_all_open(pg_server):
+    """Replicas that open a new database at the same moment: each one creates pgvector and
+    migrates the schema, one at a time (``CREATE EXTENSION IF NOT EXISTS`` outside the
+    migration's lock failed one of two with a duplicate key)."""
+    from inferscale_memory.store.postgres import PostgresFactDB
+
+    for _ in range(4):  # a race: several fresh databases, several openers each
+        url = new_database(pg_server)
+        start = threading.Barrier(4)
+        errors: list[BaseException] = []
+        opened: list[PostgresFactDB] = []
+
+        def open_one(url: str = url, start: threading.Barrier = start,
+                     opened: list[PostgresFactDB] = opened,
+                     errors: list[BaseException] = errors) -> None:
+            start.wait()
+            try:
+                opened.append(PostgresFactDB(url, pool_size=1))
+            except BaseException as exc:  # noqa: BLE001 - what the opener raised, asserted below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=open_one) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        for db in opened:
+            db.close()
+        assert errors == []
+
+
 @pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgres", marks=needs_postgres)])
 def test_reopen_keeps_everything(tmp_path, embedder, backend, request):
     path = str(tmp_path / "memory.sqlite")

@@ -206,7 +206,6 @@ class PostgresFactDB(FactQueries):
         self._pool: Any = None
         try:
             with psycopg.connect(url, autocommit=True) as conn:
-                conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
                 self._migrate(conn)
             self._pool = pool_cls(url, min_size=1, max_size=pool_size, open=True, timeout=30.0,
                                   kwargs={"autocommit": True},
@@ -220,6 +219,8 @@ class PostgresFactDB(FactQueries):
     def _migrate(self, conn: Any) -> None:
         with conn.transaction():
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATE_LOCK,))
+            # Under the lock: two replicas creating it at once fail one (a duplicate key).
+            conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
             conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
             row = conn.execute("SELECT version FROM schema_version").fetchone()
             version = 0 if row is None else row[0]
