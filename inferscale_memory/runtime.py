@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from inferscale_memory import lifeline
+from inferscale_memory import lifeline, sizing
 from inferscale_memory.config import MemoryConfig
 from inferscale_memory.connector.params import RequestParams, cache_salt
 from inferscale_memory.connector.report import ConnectorReport
@@ -472,7 +472,7 @@ def engine_arguments(model_path: Path, config: MemoryConfig, *, connector: bool 
         enable_prefix_caching=True,
         structured_outputs_config=frontend.structured_outputs_config(),
         **frontend.front_end_settings(),
-        **frontend.graph_settings(config.engine_args, cuda=_cuda()),
+        **frontend.graph_settings(config.engine_args, cuda=sizing.cuda_build()),
     )
     if connector:
         args["kv_transfer_config"] = kv_transfer_config(
@@ -480,16 +480,6 @@ def engine_arguments(model_path: Path, config: MemoryConfig, *, connector: bool 
              "host_pool_bytes": int(config.kv_host_pool_gb * (1 << 30))})
     args.update(config.engine_args)
     return args
-
-
-def _cuda() -> bool:
-    """Whether engines of this process run on a CUDA device: a CUDA build of torch, as
-    :func:`~inferscale_memory.sizing.probe_memory` decides it. Never
-    ``torch.cuda.is_available()``: the CUDA runtime it starts in this process breaks the
-    engine processes vLLM forks from it."""
-    import torch
-
-    return torch.version.cuda is not None
 
 
 def request_salt(user: str | None, params: RequestParams | None) -> str:

@@ -164,10 +164,17 @@ def probe_memory() -> Memory:
     """This machine's first visible GPU (through NVML, which leaves CUDA uninitialised in
     this process, as vLLM needs to fork its workers) and its physical RAM. A CUDA build of
     torch makes it a GPU engine, of unknown size without NVML."""
+    host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return Memory(_gpu_bytes(), host, gpu=cuda_build())
+
+
+def cuda_build() -> bool:
+    """Whether engines of this process run on a CUDA device: a CUDA build of torch. Never
+    ``torch.cuda.is_available()``: the CUDA runtime it starts in this process breaks the
+    engine processes vLLM forks from it."""
     import torch
 
-    host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return Memory(_gpu_bytes(), host, gpu=torch.version.cuda is not None)
+    return torch.version.cuda is not None
 
 
 def _gpu_bytes() -> int | None:

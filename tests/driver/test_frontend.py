@@ -203,15 +203,17 @@ def test_the_engine_arguments_carry_the_graph_size_on_cuda(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``runtime.engine_arguments`` asks for the graph size where CUDA is, and the user's
     ``engine_args`` still win over it."""
+    import torch
+
     from inferscale_memory import runtime
     from inferscale_memory.config import MemoryConfig
 
     folder = write_dummy_model(tmp_path / "model", "llama-tiny")
-    monkeypatch.setattr(runtime, "_cuda", lambda: True)
+    monkeypatch.setattr(torch.version, "cuda", "12.8")
     assert runtime.engine_arguments(folder, MemoryConfig())["max_cudagraph_capture_size"] == 2048
     config = MemoryConfig(engine_args={"max_cudagraph_capture_size": 512})
     assert runtime.engine_arguments(folder, config)["max_cudagraph_capture_size"] == 512
-    monkeypatch.setattr(runtime, "_cuda", lambda: False)
+    monkeypatch.setattr(torch.version, "cuda", None)
     assert "max_cudagraph_capture_size" not in runtime.engine_arguments(folder, MemoryConfig())
 
 
