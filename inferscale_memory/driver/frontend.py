@@ -88,10 +88,14 @@ def front_end_settings() -> dict[str, Any]:
     ``EngineArgs`` has it; vLLM 0.25.1's source has it (``ModelConfig``, sized to the
     renderer's pool) and 0.26.0 is tuned by it in public profiling, but 0.26's
     ``EngineArgs`` was not read itself: hence the check, not a version rule."""
+    return _known({"renderer_num_workers": RENDERER_NUM_WORKERS})
+
+
+def _known(wanted: dict[str, Any]) -> dict[str, Any]:
+    """The keywords of ``wanted`` that the installed vLLM's ``EngineArgs`` has."""
     from vllm.engine.arg_utils import AsyncEngineArgs
 
     names = {f.name for f in dataclasses.fields(AsyncEngineArgs)}
-    wanted = {"renderer_num_workers": RENDERER_NUM_WORKERS}
     return {name: value for name, value in wanted.items() if name in names}
 
 
@@ -113,13 +117,9 @@ def graph_settings(user_args: Mapping[str, Any], cuda: bool) -> dict[str, Any]:
     CUDA device, where the installed vLLM's ``EngineArgs`` has the field and ``user_args``
     (the user's ``engine_args``) size no graphs themselves; vLLM still caps it at
     ``max_num_batched_tokens``."""
-    from vllm.engine.arg_utils import AsyncEngineArgs
-
     if not cuda or any(name in user_args for name in _GRAPH_SIZING):
         return {}
-    if "max_cudagraph_capture_size" not in {f.name for f in dataclasses.fields(AsyncEngineArgs)}:
-        return {}
-    return {"max_cudagraph_capture_size": MAX_CUDA_GRAPH_TOKENS}
+    return _known({"max_cudagraph_capture_size": MAX_CUDA_GRAPH_TOKENS})
 
 
 def scheduler_settings(vllm_config: Any) -> dict[str, Any]:
