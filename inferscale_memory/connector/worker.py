@@ -148,7 +148,8 @@ class WorkerSide:
         if batch is not None:
             assert caches is not None
             rows, deltas, slots = self._to_device(batch)  # the step's one copy
-            rotation = caches.shift.rotation(deltas) if batch[1].any() else None
+            reach = int(np.abs(batch[1]).max()) + 1  # from the host copy: no device read
+            rotation = caches.shift.rotation(deltas, reach) if reach > 1 else None
             caches.write(tiers.device, rows, slots, rotation)
             if self._timing is not None:
                 self._log_load(started, plan, batch.shape[1])

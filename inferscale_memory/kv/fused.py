@@ -4,8 +4,9 @@ The portable path (:meth:`~inferscale_memory.connector.worker.WorkerSide.start_l
 gathers the rows from the slab, rotates the keys and calls the attention backend's cache
 writer once per layer: a few kernels and temporary tensors per layer. On CUDA this kernel
 does it all at once: each program takes one token of one layer, reads its K and V from
-the slab, rotates K by the token's position delta (cos/sin precomputed by
-:class:`~inferscale_memory.kv.rope.RotaryShift`, so both paths use the same angles) and
+the slab, rotates K by the token's position delta (its cos/sin looked up in the angle table of
+:class:`~inferscale_memory.kv.rope.RotaryShift`, as the portable path does, so both paths
+use the same angles and no kernel computes them per step) and
 stores both into the layer's cache at the flat offsets the cache-map probe learned. Tokens
 whose delta is 0 are copied bit for bit. In an fp8 cache the slab and the caches hold
 bytes: a moved key is dequantized with its layer's K scale, rotated and quantized again
@@ -65,7 +66,7 @@ if triton is not None:
         return r * step
 
     @triton.jit
-    def _inject_kernel(slab_ptr, rows_ptr, slots_ptr, cos_ptr, sin_ptr, moved_ptr,
+    def _inject_kernel(slab_ptr, rows_ptr, slots_ptr, cos_ptr, sin_ptr, deltas_ptr,
                        cache_addrs_ptr, offsets_ptr, scales_ptr, block_size, block_stride,
                        row_stride, layer_stride, kv_stride,
                        HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
@@ -111,8 +112,11 @@ if triton is not None:
             else:
                 x = k.to(tl.float32)
                 xp = xp.to(tl.float32)
-            cos = tl.load(cos_ptr + tok * ROT_HALF + freq, mask=rotary, other=1.0)
-            sin = tl.load(sin_ptr + tok * ROT_HALF + freq, mask=rotary, other=0.0)
+            delta = tl.load(deltas_ptr + tok)
+            reach = tl.abs(delta)  # the table holds deltas >= 0: sin(-a) = -sin(a)
+            cos = tl.load(cos_ptr + reach * ROT_HALF + freq, mask=rotary, other=1.0)
+            sin = tl.load(sin_ptr + reach * ROT_HALF + freq, mask=rotary, other=0.0)
+            sin = tl.where(delta < 0, -sin, sin)
             # y1 = x1 cos - x2 sin, y2 = x2 cos + x1 sin (as RotaryShift.apply)
             rotated = tl.where(lower, x * cos - xp * sin, x * cos + xp * sin)
             if FP8:  # quantized again: divided by the scale, saturated, nearest even
@@ -125,8 +129,7 @@ if triton is not None:
                     stored = rotated.to(tl.float8e5).to(elem_ty, bitcast=True)
             else:
                 stored = rotated.to(elem_ty)
-            moved = tl.load(moved_ptr + tok) != 0
-            k = tl.where(rotary & moved, stored, k)
+            k = tl.where(rotary & (delta != 0), stored, k)
 
         base = cache + block * block_stride
         head_off = (within * HEADS + h) * HEAD_DIM + d
@@ -159,13 +162,12 @@ class FusedInjector:
         if n == 0:
             return
         if rotation is None:
-            cos = sin = moved = rows  # unused: ROTATE is off
+            cos = sin = deltas = rows  # unused: ROTATE is off
         else:
-            cos, sin = rotation.cos.reshape(n, -1), rotation.sin.reshape(n, -1)
-            moved = rotation.moved
+            cos, sin, deltas = rotation.table.cos, rotation.table.sin, rotation.deltas
         fp8 = self.fp8
         _inject_kernel[(n, layers)](
-            slab, rows, slots, cos, sin, moved, self._addrs, self._offsets,
+            slab, rows, slots, cos, sin, deltas, self._addrs, self._offsets,
             fp8.scales if fp8 is not None else rows,
             self._cache_map.block_size, self._cache_map.block_stride,
             slab.stride(0), slab.stride(1), slab.stride(2),

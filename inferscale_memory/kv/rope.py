@@ -8,12 +8,21 @@ was captured is copied bit for bit, with no rotation at all.
 The frequencies come from the model's own rotary module (its cos/sin table), which
 covers the scaled variants (llama3, linear, YaRN's frequencies); YaRN's magnitude factor
 is already inside the captured key and is not applied twice.
+
+The cos/sin of every delta come from a table (:class:`AngleTable`) of the deltas
+``0 .. reach - 1``, built once per device and grown when a longer move comes (at most the
+model's context: ``max_model_len x rotary_dim`` float32 values). A load step then looks
+its angles up instead of computing them: no kernel of its own on the fused path, which
+reads the table in its kernel, and the same values on the portable path, so the two
+paths write the same bits. A negative delta uses the table's cosine and the negated sine
+(``cos(-a) = cos(a)``, ``sin(-a) = -sin(a)``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 
 import torch
 
@@ -36,6 +45,8 @@ class RotaryShift:
     rotary_dim: int
     is_neox_style: bool
     chunk_bytes: int = 64 << 20
+    _tables: dict[torch.device, AngleTable] = field(default_factory=dict, init=False,
+                                                    repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.chunk_bytes < 1:
@@ -61,17 +72,30 @@ class RotaryShift:
         return dataclasses.replace(self, inv_freq=self.inv_freq.to(device))
 
     def prepare(self, deltas: torch.Tensor, device: torch.device) -> Rotation | None:
-        """The cos/sin of ``deltas``, computed once and applied to every layer."""
+        """The rotation of ``deltas``, prepared once and applied to every layer."""
         if not bool((deltas != 0).any()):
             return None
-        return self.rotation(deltas.to(device))
+        return self.rotation(deltas.to(device), reach=int(deltas.abs().max()) + 1)
 
-    def rotation(self, deltas: torch.Tensor) -> Rotation:
-        """The rotation of ``deltas`` on their own device, with no look at their values
-        from the host (no device synchronisation): the caller knows some move."""
-        angles = deltas.to(torch.float32)[:, None] * self.inv_freq.to(deltas.device)[None, :]
-        # [n, 1, rotary_dim / 2]: broadcast over heads
-        return Rotation(angles.cos()[:, None, :], angles.sin()[:, None, :], deltas != 0)
+    def rotation(self, deltas: torch.Tensor, reach: int | None = None) -> Rotation:
+        """The rotation of ``deltas`` (``[n]`` int64) on their own device: the caller
+        knows some move. ``reach`` bounds ``|deltas|`` from above (the caller's host copy
+        tells it); without it the deltas are read back from the device once."""
+        if reach is None:
+            reach = int(deltas.abs().max()) + 1
+        return Rotation(deltas, self.table(reach, deltas.device))
+
+    def table(self, reach: int, device: torch.device) -> AngleTable:
+        """The angle table of ``device`` covering deltas ``0 .. reach - 1`` (kept, and
+        rebuilt twice as long when a longer move comes)."""
+        device = torch.device(device)
+        table = self._tables.get(device)
+        if table is None or table.reach < reach:
+            size = max(1024, 1 << (max(reach, 1) - 1).bit_length())
+            angles = (torch.arange(size, dtype=torch.float32, device=device)[:, None]
+                      * self.inv_freq.to(device)[None, :])
+            table = self._tables[device] = AngleTable(angles.cos(), angles.sin())
+        return table
 
     def apply(self, keys: torch.Tensor, rotation: Rotation | None) -> torch.Tensor:
         """Rotate ``keys`` by a prepared rotation (``None``: nothing moves) into a copy."""
@@ -112,9 +136,39 @@ class RotaryShift:
 
 
 @dataclass(frozen=True)
-class Rotation:
-    """Per-token cos/sin of a shift, and which tokens move at all."""
+class AngleTable:
+    """``cos`` and ``sin`` of ``delta x inv_freq`` for deltas ``0 .. reach - 1``
+    (``[reach, rotary_dim / 2]`` float32, contiguous: the fused kernel indexes them)."""
 
     cos: torch.Tensor
     sin: torch.Tensor
-    moved: torch.Tensor
+
+    @property
+    def reach(self) -> int:
+        return int(self.cos.shape[0])
+
+
+@dataclass(frozen=True)
+class Rotation:
+    """A shift's per-token deltas (on the device) and the angle table that covers them.
+
+    ``cos``, ``sin`` (``[n, 1, rotary_dim / 2]``, broadcast over heads) and ``moved`` are
+    looked up on first use (the portable path); the fused kernel reads the table and the
+    deltas itself.
+    """
+
+    deltas: torch.Tensor
+    table: AngleTable
+
+    @cached_property
+    def moved(self) -> torch.Tensor:
+        return self.deltas != 0
+
+    @cached_property
+    def cos(self) -> torch.Tensor:
+        return self.table.cos[self.deltas.abs()][:, None, :]
+
+    @cached_property
+    def sin(self) -> torch.Tensor:
+        sign = torch.where(self.deltas < 0, -1.0, 1.0).to(torch.float32)
+        return (self.table.sin[self.deltas.abs()] * sign[:, None])[:, None, :]
