@@ -11,8 +11,8 @@ is already inside the captured key and is not applied twice.
 
 The cos/sin of every delta come from a table (:class:`AngleTable`) of the deltas
 ``0 .. reach - 1``, built once per device and rebuilt twice as long when a longer move
-comes (a move never exceeds the model's context, so the table stays under
-``2 x max_model_len x rotary_dim`` float32 values: 64 MiB for 128k tokens and 128 dims). A load step then looks
+comes: under ``2 x longest move x rotary_dim`` float32 values (16 MiB after a move of
+16k tokens with 128 rotary dims; moves are bounded by the model's context). A load step then looks
 its angles up instead of computing them: no kernel of its own on the fused path, which
 reads the table in its kernel, and the same values on the portable path, so the two
 paths write the same bits. A negative delta uses the table's cosine and the negated sine
