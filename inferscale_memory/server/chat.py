@@ -8,14 +8,16 @@ request errors (bad messages, context too long) still get a proper status code.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Coroutine, Iterator
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
+from inferscale_memory.errors import InvalidInputError
 from inferscale_memory.markup import ashown_stream, shown
 from inferscale_memory.results import ChatChunk, ChatResult
 from inferscale_memory.server.context import ServerContext, context, principal, request_user
@@ -27,7 +29,9 @@ from inferscale_memory.server.errors import (
     sse_error,
 )
 from inferscale_memory.server.schemas import (
+    MAX_K,
     MAX_MESSAGES,
+    MEMORY_FIELDS,
     AssistantMessage,
     ChatCompletion,
     ChatCompletionChunk,
@@ -65,7 +69,9 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
                          principal(request).salt_user)
     if body.stream:
         return await call.stream(body)
-    result = shown(await _unless_gone(request, ctx.engine.achat(call.messages, **call.kwargs)))
+    with _memory_named():
+        result = shown(await _unless_gone(request,
+                                          ctx.engine.achat(call.messages, **call.kwargs)))
     call.observe(result)
     return ChatCompletion(
         id=call.id, created=call.created, model=ctx.model_name,
@@ -73,6 +79,18 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
                         finish_reason=result.finish_reason,
                         logprobs=call.logprobs(result))],
         usage=_usage(result), memory=call.report(result))
+
+
+@contextlib.contextmanager
+def _memory_named() -> Iterator[None]:
+    """Name the engine's refusal of a memory option as the request does: ``k`` is
+    ``memory.k`` there (:data:`MEMORY_FIELDS`); other refusals name the request's field."""
+    try:
+        yield
+    except InvalidInputError as exc:
+        if exc.param not in MEMORY_FIELDS:
+            raise
+        raise InvalidInputError(f"memory.{exc}", f"memory.{exc.param}") from None
 
 
 async def _unless_gone(request: Request, answer: Coroutine[Any, Any, ChatResult]) -> ChatResult:
@@ -143,6 +161,12 @@ class _Call:
         if isinstance(body.messages, list) and len(body.messages) > MAX_MESSAGES:
             raise APIError(400, f"messages: at most {MAX_MESSAGES} messages; got "
                            f"{len(body.messages)}", param="messages", code="invalid_value")
+        for name in ("k", "recompute_tail"):  # the server's bound; the engine checks the rest
+            value = getattr(body.memory, name, None)
+            if type(value) is int and value > MAX_K:
+                raise APIError(400, f"memory.{name}: Input should be less than or equal to "
+                               f"{MAX_K}; got {value}", param=f"memory.{name}",
+                               code="invalid_value")
         return cls(ctx, body, user, salt_user)
 
     def observe(self, result: ChatResult) -> None:
@@ -171,7 +195,8 @@ class _Call:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         pieces = ashown_stream(self.ctx.engine.astream_chat(self.messages, **self.kwargs))
         try:
-            first = await pieces.__anext__()  # request errors surface here, as a status
+            with _memory_named():
+                first = await pieces.__anext__()  # request errors surface here, as a status
         except StopAsyncIteration as exc:
             raise APIError(500, "the engine returned no answer", type="server_error") from exc
         except APIError:

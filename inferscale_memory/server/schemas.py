@@ -12,9 +12,9 @@ the engine takes are checked by the engine alone (:data:`ENGINE_FIELDS`): this s
 them with the engine's own types (:mod:`inferscale_memory.fields`,
 :mod:`inferscale_memory.tools.shapes`, :class:`~inferscale_memory.conversation.ChatMessage`)
 for the OpenAPI document and passes them on as sent. The memory extensions are ``memory``
-in the request (:class:`MemoryOptions`) and ``memory`` in the response
-(:class:`MemoryReport`), plus ``injected_tokens`` and ``computed_prompt_tokens`` in
-``usage``.
+in the request (:class:`MemoryOptions`: its fields the engine takes, :data:`MEMORY_FIELDS`,
+are shown and passed on alike) and ``memory`` in the response (:class:`MemoryReport`),
+plus ``injected_tokens`` and ``computed_prompt_tokens`` in ``usage``.
 """
 
 from __future__ import annotations
@@ -40,13 +40,16 @@ from inferscale_memory.fields import (
 from inferscale_memory.tools.shapes import ResponseFormat, ToolChoice, ToolParam
 
 # The server's own limits, over the engine's rules (the field types).
-MAX_K = 1024
+MAX_K = 1024  # of memory.k and memory.recompute_tail: checked by the chat handler
 MAX_MESSAGES = 1024  # checked by the chat handler: the engine checks the messages
 MAX_TOP_LOGPROBS = 20  # OpenAI's bound of top_logprobs (the engine's max_logprobs bounds it too)
 # The request's fields that the engine checks, passed to it as sent; ``messages`` too.
 ENGINE_FIELDS = ("max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
                  "presence_penalty", "frequency_penalty", "stop", "seed", "ignore_eos",
                  "tools", "tool_choice", "parallel_tool_calls", "response_format")
+# The fields of ``memory`` that the engine checks, as its arguments of the same name; its
+# refusal of one names it as the request does (``memory.k``).
+MEMORY_FIELDS = ("k", "fact_order", "recompute_tail")
 
 
 class ErrorDetail(BaseModel):
@@ -67,6 +70,11 @@ class ErrorResponse(BaseModel):
 class MemoryOptions(BaseModel):
     """How the answer uses the user's memory.
 
+    ``k``, ``fact_order`` and ``recompute_tail`` (:data:`MEMORY_FIELDS`) are shown with the
+    engine's types and passed to it as sent, like the chat's other engine fields; the chat
+    handler adds the server's bound (:data:`MAX_K`). ``mode`` is the server's own: its
+    ``off`` is the engine's ``memory=False``.
+
     Attributes:
         k: Facts retrieved (default: the engine's ``k``).
         mode: ``kv`` injects the facts' KV, ``text`` prefills them as text (same token
@@ -79,10 +87,10 @@ class MemoryOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    k: Annotated[FactCount, Field(le=MAX_K)] | None = None
-    mode: Mode | Literal["off"] = "kv"
-    fact_order: FactOrder | None = None
-    recompute_tail: Annotated[RecomputeTail, Field(le=MAX_K)] | None = None
+    k: SkipValidation[Annotated[FactCount, Field(le=MAX_K)] | None] = None
+    mode: Literal[Mode, "off"] = "kv"
+    fact_order: SkipValidation[FactOrder | None] = None
+    recompute_tail: SkipValidation[Annotated[RecomputeTail, Field(le=MAX_K)] | None] = None
 
 
 class StreamOptions(BaseModel):

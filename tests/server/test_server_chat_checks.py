@@ -1,7 +1,7 @@
 """A chat is checked once, by the engine's checkers, whichever way it comes in (issue 32):
 the server refuses an invalid chat (messages, tools, tool_choice, response_format, sampling
-options) with the engine's own error, a request's messages, tools, options and schemas
-pass their checkers once, and the OpenAPI document shows the engine's shapes."""
+and memory options) with the engine's own error, a request's messages, tools, options and
+schemas pass their checkers once, and the OpenAPI document shows the engine's shapes."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ import inferscale_memory.options
 import inferscale_memory.tools.checks
 from inferscale_memory import InvalidInputError
 from inferscale_memory.conversation import ROLES
-from inferscale_memory.fields import MAX_STOPS, SEED_MAX
+from inferscale_memory.fields import FACT_ORDERS, MAX_STOPS, SEED_MAX
+from inferscale_memory.server.schemas import MAX_K
 from inferscale_memory.tools.shapes import RESPONSE_FORMATS, TOOL_CHOICES, TOOL_NAME
 
 if TYPE_CHECKING:
@@ -118,6 +119,97 @@ def test_the_engine_and_the_server_refuse_an_invalid_chat_alike(
     assert (error["message"], error["param"]) == (str(caught.value), caught.value.param)
 
 
+# Memory options that the engine refuses as its arguments of the same name (k,
+# fact_order, recompute_tail); the request names them under ``memory``. On the old code
+# the server's schema refused them first, without the value ("memory.k: Input should be
+# greater than or equal to 1"): every case here differed there by its "; got ..." part.
+INVALID_MEMORY: dict[str, dict[str, Any]] = {
+    "k-zero": {"k": 0},
+    "k-negative": {"k": -3},
+    "k-bool": {"k": True},
+    "k-float": {"k": 2.5},
+    "k-integral-float": {"k": 2.0},
+    "k-string": {"k": "3"},
+    "k-list": {"k": [3]},
+    "fact_order-unknown": {"fact_order": "random"},
+    "fact_order-upper-case": {"fact_order": "RANK"},
+    "fact_order-number": {"fact_order": 1},
+    "fact_order-bool": {"fact_order": False},
+    "recompute_tail-negative": {"recompute_tail": -1},
+    "recompute_tail-bool": {"recompute_tail": True},
+    "recompute_tail-float": {"recompute_tail": 1.5},
+    "recompute_tail-string": {"recompute_tail": "2"},
+}
+
+
+@pytest.mark.parametrize("memory", INVALID_MEMORY.values(), ids=INVALID_MEMORY.keys())
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_the_engine_and_the_server_refuse_a_bad_memory_option_alike(
+        server: ServerHandle, engine: MemoryEngine, model: str, memory: dict[str, Any],
+        stream: bool) -> None:
+    """The engine's message and param, with the option named as the request names it."""
+    (name, value), = memory.items()
+    with pytest.raises(InvalidInputError) as caught:
+        engine.chat(ask("Hi"), memory=False, max_tokens=2, **{name: value})
+    assert caught.value.param == name
+    assert str(caught.value).startswith(f"{name}: ") and repr(value) in str(caught.value)
+    with http(server) as client:
+        response = client.post("/chat/completions", json={
+            "model": model, "messages": ask("Hi"), "max_tokens": 2, "stream": stream,
+            "memory": memory})
+    assert_openai_error(response, 400, "invalid_value")
+    error = response.json()["error"]
+    assert (error["message"], error["param"]) == (f"memory.{caught.value}", f"memory.{name}")
+
+
+# What the server itself decides about ``memory``: its shape, its own bounds over the
+# engine's rules (MAX_K), and ``mode``, whose "off" is the server's (the engine's
+# memory=False). On the old code the bounds' messages lacked the value, and a bad mode
+# read "memory.mode: Input should be 'kv' or 'text' (and 1 more problem(s))".
+SERVER_MEMORY = {
+    "k-above-the-servers-bound": ({"k": MAX_K + 1}, "memory.k",
+                                  f"memory.k: Input should be less than or equal to {MAX_K}; "
+                                  f"got {MAX_K + 1}"),
+    "recompute_tail-above-the-servers-bound": (
+        {"recompute_tail": MAX_K + 1}, "memory.recompute_tail",
+        f"memory.recompute_tail: Input should be less than or equal to {MAX_K}; "
+        f"got {MAX_K + 1}"),
+    "mode-unknown": ({"mode": "telepathy"}, "memory.mode",
+                     "memory.mode: Input should be 'kv', 'text' or 'off'"),
+    "mode-null": ({"mode": None}, "memory.mode",
+                  "memory.mode: Input should be 'kv', 'text' or 'off'"),
+    "unknown-option": ({"k": 2, "colour": "red"}, "memory.colour",
+                       "memory.colour: Extra inputs are not permitted"),
+    "not-an-object": ("kv", "memory",
+                      "memory: Input should be a valid dictionary or object to extract "
+                      "fields from"),
+}
+
+
+@pytest.mark.parametrize(("memory", "param", "message"), SERVER_MEMORY.values(),
+                         ids=SERVER_MEMORY.keys())
+def test_the_server_refuses_what_only_it_decides_about_memory(
+        server: ServerHandle, model: str, memory: Any, param: str, message: str) -> None:
+    with http(server) as client:
+        response = client.post("/chat/completions", json={
+            "model": model, "messages": ask("Hi"), "max_tokens": 2, "memory": memory})
+    assert_openai_error(response, 400, "invalid_value")
+    error = response.json()["error"]
+    assert (error["message"], error["param"]) == (message, param)
+
+
+def test_good_memory_options_are_answered(server: ServerHandle, model: str) -> None:
+    """The bounds are inclusive, null is the engine's default, and every order and mode
+    is taken."""
+    with http(server) as client:
+        for memory in ({"k": MAX_K, "recompute_tail": MAX_K}, {"k": None, "fact_order": None},
+                       *({"fact_order": order} for order in FACT_ORDERS),
+                       *({"mode": mode} for mode in ("kv", "text", "off"))):
+            response = client.post("/chat/completions", json={
+                "model": model, "messages": ask("Hi"), "max_tokens": 2, "memory": memory})
+            assert response.status_code == 200, (memory, response.text)
+
+
 def test_a_request_passes_each_checker_once(server: ServerHandle, model: str,
                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """Each of the engine's checkers runs once per HTTP request: messages were checked twice
@@ -165,3 +257,7 @@ def test_the_openapi_document_shows_the_engines_shapes(server: ServerHandle) -> 
     assert {"enum": list(TOOL_CHOICES), "type": "string"} in request["tool_choice"]["anyOf"]
     assert {"type": "number", "minimum": 0, "maximum": 2} in request["temperature"]["anyOf"]
     assert [part.get("maxItems") for part in request["stop"]["anyOf"]] == [None, MAX_STOPS, None]
+    memory = shapes["MemoryOptions"]["properties"]
+    assert {"type": "integer", "minimum": 1, "maximum": MAX_K} in memory["k"]["anyOf"]
+    assert {"type": "integer", "minimum": 0, "maximum": MAX_K} in memory["recompute_tail"]["anyOf"]
+    assert {"enum": list(FACT_ORDERS), "type": "string"} in memory["fact_order"]["anyOf"]
