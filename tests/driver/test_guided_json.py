@@ -11,7 +11,7 @@ import asyncio
 import doctest
 import json
 import os
-import time
+import threading
 import uuid
 
 import pytest
@@ -31,8 +31,8 @@ SCHEMA = {"type": "object", "required": ["a", "b"], "additionalProperties": Fals
 
 
 def slow_schema(names: int = 20) -> dict[str, object]:
-    """A schema whose conversion takes about a second here, with names of its own (no
-    earlier conversion in this process serves it)."""
+    """A schema with names of its own (no earlier conversion in this process serves it);
+    with 20 names its conversion takes about a second here."""
     keys = [f"p{i}{uuid.uuid4().hex[:6]}" for i in range(names)]
     return {"type": "object", "required": keys, "properties": dict.fromkeys(
         keys, {"type": "string", "pattern": "^[a-z]{1,900}$"})}
@@ -81,35 +81,56 @@ async def test_a_schema_vllm_refused_is_refused_as_vllm_refused_it(
         await as_grammar({"json": schema})
 
 
-async def test_a_slow_schema_converts_off_the_event_loop_and_once() -> None:
-    """A schema within the limits whose conversion takes a second or more (long pattern
-    counts, as scripts/guided_interference.py's "repeats"): the loop goes on meanwhile,
-    and the same schema again is served from the cache. Names of its own: no earlier
-    conversion in this process serves it."""
-    schema = slow_schema()
-    gaps: list[float] = []
+class Gate:
+    """xgrammar's schema conversion (the third-party edge), held until the test opens the
+    gate: which threads convert, how many at once, and whether the event loop ran on while
+    they were held. A conversion left waiting 30 s gives up (the test then fails on
+    ``held_too_long``) instead of hanging the suite."""
 
-    async def tick() -> None:
-        last = time.perf_counter()
-        while True:
-            await asyncio.sleep(0.005)
-            now = time.perf_counter()
-            gaps.append(now - last)
-            last = now
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.open = threading.Event()
+        self.threads: list[str] = []
+        self.held_too_long = 0
+        self._lock = threading.Lock()
+        convert = xgr.Grammar.from_json_schema
 
-    ticker = asyncio.ensure_future(tick())
-    start = time.perf_counter()
-    first = await as_grammar({"json": schema})
-    took = time.perf_counter() - start
-    ticker.cancel()
-    assert took > 0.2, "too fast to tell: make the schema slower"
-    assert max(gaps) < took / 2, f"the loop stopped {max(gaps):.2f} s of {took:.2f} s"
+        def held(*args: object, **kwargs: object) -> object:
+            with self._lock:
+                self.threads.append(threading.current_thread().name)
+            if not self.open.wait(30):
+                self.held_too_long += 1
+            return convert(*args, **kwargs)
+
+        monkeypatch.setattr(xgr.Grammar, "from_json_schema", staticmethod(held))
+
+    async def entered(self, count: int) -> None:
+        """Until ``count`` conversions have started (the loop stays free meanwhile)."""
+        for _ in range(3000):
+            if len(self.threads) >= count:
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError(f"{len(self.threads)} of {count} conversions started")
+
+
+async def test_a_schema_converts_off_the_event_loop_and_once(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The conversion runs on a converter thread: the loop opens the gate while the
+    conversion waits behind it, which a conversion on the loop's own thread would never
+    let it do. The same schema again is served from the cache, with no second conversion.
+    Names of its own: no earlier conversion in this process serves it."""
+    gate = Gate(monkeypatch)
+    schema = slow_schema(2)
+    first = asyncio.ensure_future(as_grammar({"json": schema}))
+    await gate.entered(1)
+    assert not first.done()
+    gate.open.set()  # the loop ran while the conversion was held
+    grammar = await first
+    assert gate.held_too_long == 0
+    assert len(gate.threads) == 1 and gate.threads[0].startswith("inferscale-grammar")
     hits = json_grammar.cache_info().hits
-    start = time.perf_counter()
-    assert await as_grammar({"json": schema}) == first
+    assert await as_grammar({"json": schema}) == grammar
     assert json_grammar.cache_info().hits == hits + 1
-    assert time.perf_counter() - start < took / 10
-
+    assert len(gate.threads) == 1  # not converted again
 
 
 async def test_the_same_schema_asked_at_once_converts_once() -> None:
@@ -122,17 +143,25 @@ async def test_the_same_schema_asked_at_once_converts_once() -> None:
     assert json_grammar.cache_info().misses == misses + 1
 
 
-async def test_conversions_leave_the_default_executor_to_the_store() -> None:
-    """Many slow guided requests at once: the loop's default executor, which the store's
-    reads (a retrieval's vector search) run on, stays free; before, the conversions took
-    its threads and a retrieval waited for them."""
+async def test_conversions_leave_the_default_executor_to_the_store(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Many guided requests at once, every conversion held: the loop's default executor,
+    which the store's reads (a retrieval's vector search) run on, still answers, and no
+    more conversions run at once than there are converter threads; before, the
+    conversions took the default executor's threads and a retrieval waited for them."""
+    gate = Gate(monkeypatch)
     threads = min(32, (os.cpu_count() or 1) + 4)  # ThreadPoolExecutor's default
-    conversions = [asyncio.ensure_future(as_grammar({"json": slow_schema()}))
+    conversions = [asyncio.ensure_future(as_grammar({"json": slow_schema(2)}))
                    for _ in range(threads + 2)]
-    await asyncio.sleep(0.2)  # the conversions have started
-    start = time.perf_counter()
-    await asyncio.to_thread(lambda: None)  # what a store read waits for
-    waited = time.perf_counter() - start
-    done_before = sum(c.done() for c in conversions)
+    await gate.entered(guided_json.CONVERTERS)
+    # What a store read waits for. The bound only keeps a regression from hanging.
+    reader = await asyncio.wait_for(
+        asyncio.to_thread(lambda: threading.current_thread().name), 30)
+    assert not reader.startswith("inferscale-grammar")
+    assert len(gate.threads) == guided_json.CONVERTERS
+    assert not any(c.done() for c in conversions)
+    gate.open.set()
     await asyncio.gather(*conversions)
-    assert waited < 1.0 and done_before < len(conversions), (waited, done_before)
+    assert gate.held_too_long == 0
+    assert len(gate.threads) == len(conversions)
+    assert {name.rsplit("_", 1)[0] for name in gate.threads} == {"inferscale-grammar"}
