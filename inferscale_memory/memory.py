@@ -198,25 +198,14 @@ class EngineMemory:
                        ) -> dict[str, tuple[str, ...]]:
         """Per fact id, the texts of the facts that precede it in its capture prompt:
         ``config.capture_context`` of the user's other facts most similar to it, in the
-        order they were added; ``{}`` when context capture is off."""
+        order they were added (:meth:`MemoryStore.neighbours`: by the facts' stored
+        embeddings, reading no more than the hits); ``{}`` when context capture is off."""
         count = self.config.capture_context
         if count == 0 or not facts:
             return {}
-        timeline = await self._in_thread(self.store.list, user_id=user_id)
-        position = {fact.id: i for i, fact in enumerate(timeline)}
-        contexts = {}
-        for fact in facts:
-            before = await self._in_thread(self._similar, user_id, fact, count, position)
-            contexts[fact.id] = tuple(before)
-        return contexts
-
-    def _similar(self, user_id: str, fact: Fact, count: int,
-                 position: dict[str, int]) -> list[str]:
-        """The texts of the ``count`` facts of ``user_id`` most similar to ``fact``, in
-        the order they were added (the fact itself excluded)."""
-        found = self.store.search(fact.text, user_id=user_id, k=count + 1)
-        near = [s.fact for s in found if s.fact.id != fact.id][:count]
-        return [f.text for f in sorted(near, key=lambda f: position.get(f.id, 0))]
+        near = await self._in_thread(self.store.neighbours, facts, user_id=user_id, k=count)
+        return {fact.id: tuple(f.text for f in before)
+                for fact, before in zip(facts, near, strict=True)}
 
     def _check_tokens(self, text: Any) -> None:
         text = self.store.check_text(text)  # type, blank, size, Unicode: before tokenizing

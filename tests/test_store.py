@@ -171,6 +171,71 @@ def test_search_with_a_k_beyond_any_database_integer_returns_every_fact(store, k
     assert "Berlin" in hits[0].fact.text
 
 
+def test_neighbours_are_the_nearest_other_facts_in_add_order_by_stored_embeddings(
+        store, embedder, monkeypatch):
+    """A capture's context (memory.contexts): per fact, its k nearest other facts, oldest
+    first, found by the fact's stored embedding (no text embedded again) and, for a fact
+    of another store, by its text (all such facts in one call)."""
+    facts = store.add(CAROLINE_FACTS, user_id="caroline")
+    embedded: list[list[str]] = []
+    embed = embedder.embed
+
+    def counting(texts):
+        embedded.append(list(texts))
+        return embed(texts)
+
+    monkeypatch.setattr(embedder, "embed", counting)
+    foreign = Fact("f" * 32, "caroline", "Caroline lives in Berlin now.", {}, 0.0, 0.0)
+    near = store.neighbours([facts[0], facts[3], foreign], user_id="caroline", k=2)
+    assert embedded == [[foreign.text]]
+    order = {f.id: i for i, f in enumerate(facts)}
+    for fact, got in zip([facts[0], facts[3], foreign], near, strict=True):
+        hits = [h.fact for h in store.search(fact.text, user_id="caroline", k=3)]
+        want = [f for f in hits if f.id != fact.id][:2]
+        assert [f.id for f in got] == sorted((f.id for f in want), key=order.__getitem__)
+    assert facts[0] in near[2]  # the Berlin fact is the foreign Berlin fact's neighbour
+    assert all(facts[0] not in got for got in near[:1])  # never its own neighbour
+    assert store.neighbours([], user_id="caroline", k=2) == []
+    with pytest.raises(UnknownUserError):
+        store.neighbours([facts[0]], user_id="nobody", k=2)
+    with pytest.raises(InvalidInputError):
+        store.neighbours([facts[0]], user_id="caroline", k=0)
+
+
+def test_facts_read_by_id_cost_the_same_whatever_the_user_holds(tmp_path):
+    """A search's hits (every chat's retrieval) and a capture's neighbours are read by
+    primary key: SQLite's work for 5 ids, counted in virtual-machine steps (no clock), is
+    the same with 5,000 facts held as with 50. Before, the owner test chose the user's
+    index and read every row of the user."""
+    from inferscale_memory.store.sqlite import FactDB
+
+    def steps_per_read(held: int) -> tuple[int, int]:
+        db = FactDB(tmp_path / f"held{held}.sqlite")
+        facts = [Fact(f"{i:032x}", "u", f"fact {i}", {}, float(i), float(i))
+                 for i in range(held)]
+        with db.transaction() as tx:
+            tx.insert(facts, np.ones((held, 4), np.float32) / 2)
+        ids = [f.id for f in facts[::held // 5]][:5]
+        steps = [0]
+
+        def count() -> int:
+            steps[0] += 1
+            return 0
+
+        conn = db._connection()
+        conn.set_progress_handler(count, 1)
+        assert list(db.get_many("u", ids)) == ids and db.get_many("other", ids) == {}
+        facts_steps = steps[0]
+        steps[0] = 0
+        assert sorted(db.embeddings_of("u", ids, 4)) == sorted(ids)
+        conn.set_progress_handler(None, 1)
+        db.close()
+        return facts_steps, steps[0]
+
+    few, many = steps_per_read(50), steps_per_read(5_000)
+    assert many[0] < 1.5 * few[0] and many[1] < 1.5 * few[1], (few, many)
+
+
 def test_memory_path_and_parent_folders(tmp_path, embedder):
     with MemoryStore(":memory:", embedder) as s:
         s.add("Caroline moved to Berlin.", user_id="c")

@@ -278,6 +278,39 @@ class MemoryStore:
                 hits, facts = self._search_once(user_id, vector, k)
         return [ScoredFact(facts[fid], score) for fid, score in hits if fid in facts]
 
+    def neighbours(self, facts: Sequence[Fact], *, user_id: str,
+                   k: int) -> builtins.list[builtins.list[Fact]]:
+        """Per fact of ``facts``, the ``k`` other facts of ``user_id`` most similar to it,
+        in the order they were added (by ``created_at``, then id).
+
+        A stored fact's own embedding is the query, so no text is embedded again; facts
+        the store does not hold (another store's, e.g. Mem0's) are embedded, in one call.
+        Nothing beyond the hits is read, so the cost per fact does not grow with the
+        facts the user holds beyond the index's own search.
+
+        Raises:
+            InvalidInputError: Bad ``k``.
+            UnknownUserError: The user never stored a fact.
+        """
+        k = _checks.positive_int(k)
+        user_id = self._known_user(user_id)
+        if not facts:
+            return []
+        self._open()
+        stored = self._db.embeddings_of(user_id, [f.id for f in facts], self._dim)
+        foreign = [f for f in facts if f.id not in stored]
+        if foreign:
+            vectors = _checks.embed(self._embedder, [f.text for f in foreign], self._dim)
+            stored.update(zip([f.id for f in foreign], vectors, strict=True))
+        out = []
+        for fact in facts:
+            with self._lock:
+                self._open()
+                hits, found = self._search_once(user_id, stored[fact.id], k + 1)
+            near = [found[fid] for fid, _ in hits if fid in found and fid != fact.id][:k]
+            out.append(sorted(near, key=lambda f: (f.created_at, f.id)))
+        return out
+
     def _search_once(self, user_id: str, vector: np.ndarray,
                      k: int) -> tuple[builtins.list[tuple[str, float]], dict[str, Fact]]:
         """Search the index, read the hits' facts, and drop hits that have no fact."""

@@ -274,6 +274,14 @@ class PostgresFactDB(FactQueries):
                          (user_id, [i for i in ids if _storable(i)]))
         return {r[0]: _to_fact(r) for r in rows}
 
+    def embeddings_of(self, user_id: str, ids: Sequence[str], dim: int) -> dict[str, np.ndarray]:
+        """Return the embeddings of the facts of ``user_id`` among ``ids``, keyed by id
+        (float32 rows of ``dim``; an embedding of another size is left out)."""
+        rows = self._all("SELECT id, embedding FROM facts WHERE user_id = %s AND id = ANY(%s)",
+                         (user_id, [i for i in ids if _storable(i)]))
+        vectors = ((r[0], r[1].to_numpy().astype(np.float32, copy=False)) for r in rows)
+        return {fid: v for fid, v in vectors if v.shape == (dim,)}
+
     def embedding_matrix(self, user_id: str, dim: int) -> tuple[list[str], np.ndarray]:
         """Return a user's fact ids and their embeddings as a ``(n, dim)`` float32 array.
 

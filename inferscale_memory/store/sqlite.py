@@ -33,6 +33,11 @@ logger = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
 
+# Facts read by id (a search's hits) are found by primary key, and their owner checked on
+# the rows found: the unary + keeps SQLite from choosing the user's index instead, which
+# scans every row of the user (every retrieval then cost O(facts held)).
+_OWNED_BY = "+user_id = ?"
+
 # _MIGRATIONS[v] brings a store from version v-1 to version v.
 _MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: (
@@ -226,10 +231,25 @@ class FactDB(FactQueries):
             chunk = list(ids[start : start + 500])
             marks = ", ".join("?" * len(chunk))
             rows = self._all(
-                f"SELECT {_FACT_COLS} FROM facts WHERE user_id = ? AND id IN ({marks})",
-                [user_id, *chunk],
+                f"SELECT {_FACT_COLS} FROM facts WHERE id IN ({marks}) AND {_OWNED_BY}",
+                [*chunk, user_id],
             )
             out.update((r[0], _to_fact(r)) for r in rows)
+        return out
+
+    def embeddings_of(self, user_id: str, ids: Sequence[str], dim: int) -> dict[str, np.ndarray]:
+        """Return the embeddings of the facts of ``user_id`` among ``ids``, keyed by id
+        (float32 rows of ``dim``; an embedding of another size is left out)."""
+        out: dict[str, np.ndarray] = {}
+        for start in range(0, len(ids), 500):  # stay below SQLite's variable limit
+            chunk = list(ids[start : start + 500])
+            marks = ", ".join("?" * len(chunk))
+            rows = self._all(
+                f"SELECT id, embedding FROM facts WHERE id IN ({marks}) AND {_OWNED_BY}",
+                [*chunk, user_id],
+            )
+            out.update((r[0], np.frombuffer(r[1], dtype="<f4")) for r in rows
+                       if len(r[1]) == 4 * dim)
         return out
 
     def embeddings(self, user_id: str) -> tuple[list[str], list[bytes]]:
