@@ -25,6 +25,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+MAX_RECAPTURING = 256  # facts whose background recapture may be under way at once
+
 
 class EngineMemory:
     """Mem0-style fact operations whose KV lives in the engine.
@@ -40,6 +42,7 @@ class EngineMemory:
         self.fact_kv = fact_kv
         self.config = config
         self._closed = False
+        self._recapturing: set[tuple[str, str]] = set()  # (user, fact id) under way
 
     def close(self) -> None:
         """Refuse every later call: the engine closes the store next (called by
@@ -175,13 +178,33 @@ class EngineMemory:
     async def recapture(self, user_id: str, prompt: Sequence[Fact], missing: set[str]) -> None:
         """Capture the facts of a prompt whose KV was missing. Their capture context is
         read from the store when it holds the user, as at ``add``; facts handed in from
-        another store (e.g. Mem0's) take the facts before them in this prompt."""
-        wanted = [fact for fact in prompt if fact.id in missing]
-        if await self._in_thread(self.store.has_user, user_id):
-            await self.capture(user_id, wanted)
-        else:
-            await self.fact_kv.capture(user_id, wanted,
-                                       prompt_contexts(prompt, wanted, self.config.capture_context))
+        another store (e.g. Mem0's) take the facts before them in this prompt.
+
+        Answers that miss the same fact at once recapture it once: a fact whose recapture
+        is under way is left out, and so is every fact past :data:`MAX_RECAPTURING` under
+        way (a burst of answers after a restart, say, would otherwise queue captures
+        without bound ahead of the answers); the next answer that misses it asks again.
+        """
+        wanted = []
+        for fact in prompt:
+            key = (user_id, fact.id)
+            if fact.id in missing and key not in self._recapturing \
+                    and len(self._recapturing) < MAX_RECAPTURING:
+                self._recapturing.add(key)
+                wanted.append(fact)
+        if len(wanted) < len(missing):
+            logger.debug("recapturing %d of %d missing fact(s) of %r (the rest are under "
+                         "way or over the limit)", len(wanted), len(missing), user_id)
+        if not wanted:
+            return
+        try:
+            if await self._in_thread(self.store.has_user, user_id):
+                await self.capture(user_id, wanted)
+            else:
+                await self.fact_kv.capture(
+                    user_id, wanted, prompt_contexts(prompt, wanted, self.config.capture_context))
+        finally:
+            self._recapturing.difference_update((user_id, fact.id) for fact in wanted)
 
     async def _capture_stored(self, user_id: str, facts: Sequence[Fact]) -> None:
         """Capture facts the store has committed. A failure is logged, not raised: the
