@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from inferscale_memory import sizing
+from inferscale_memory.capture_gate import CaptureGate, capture_budget
 from inferscale_memory.config import MemoryConfig
 from inferscale_memory.connector.params import RequestParams
 from inferscale_memory.errors import (
@@ -91,7 +92,9 @@ class MemoryEngine:
             self.runtime = _start_runtime(self.model_path, config)
             undo.callback(self.runtime.close)
             self.kv_stats = KVStats()
-            self.fact_kv = FactKV(self.runtime, self.builder, self.kv_stats)
+            step_tokens = self.runtime.engine_settings["max_num_batched_tokens"]
+            self.fact_kv = FactKV(self.runtime, self.builder, self.kv_stats,
+                                  CaptureGate(capture_budget(step_tokens)))
             self.memory = EngineMemory(self.store, self.fact_kv, config)
             self.runtime.run(self.fact_kv.capture_header())
             undo.pop_all()

@@ -14,6 +14,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
+from inferscale_memory.capture_gate import CaptureGate
 from inferscale_memory.connector.params import MAX_SPANS, FactKey, RequestParams, Span
 from inferscale_memory.errors import EngineDiedError
 from inferscale_memory.store import Fact
@@ -29,12 +30,19 @@ logger = logging.getLogger(__name__)
 
 
 class FactKV:
-    """Computes, keeps and drops the KV of facts in the engine."""
+    """Computes, keeps and drops the KV of facts in the engine.
 
-    def __init__(self, runtime: VllmRuntime, builder: PromptBuilder, stats: KVStats) -> None:
+    ``gate`` bounds the capture work the engine is asked for at once (the engine's:
+    two scheduler steps' worth, so that a chat never waits behind a whole big ``add``);
+    ``None`` sends every capture at once.
+    """
+
+    def __init__(self, runtime: VllmRuntime, builder: PromptBuilder, stats: KVStats,
+                 gate: CaptureGate | None = None) -> None:
         self.runtime = runtime
         self.builder = builder
         self.stats = stats
+        self.gate = gate or CaptureGate(None)
 
     async def capture(self, user_id: str, facts: Sequence[Fact],
                       contexts: Mapping[str, Sequence[str]] | None = None) -> None:
@@ -100,7 +108,11 @@ class FactKV:
         params = RequestParams(user_id, self.builder.layout_id, capture=(
             Span(FactKey("", self.builder.header_name), 0, len(self.builder.header_ids)),
             Span(FactKey(user_id, fact.id), start, end)))
-        self.stats.record_report(await self.runtime.control(token_ids, params))
+        # The header is a prefix-cache hit: what the engine computes is the rest.
+        computed = max(1, len(token_ids) - len(self.builder.header_ids))
+        async with self.gate.hold(computed):
+            report = await self.runtime.control(token_ids, params)
+        self.stats.record_report(report)
 
     def _fit(self, context: Sequence[str], text: str, budget: int) -> tuple[str, ...]:
         """Drop the earliest context facts until the capture prompt fits the context."""
