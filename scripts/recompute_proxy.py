@@ -1,6 +1,6 @@
 """How much of the KV path's answer drift a recompute *inside* the injected facts would
-remove: a CPU estimate with the real weights, before anyone builds the attention backend
-it needs (docs/quality.md, "Where to look next" 3).
+remove, measured with the real weights before anyone builds the attention backend it needs
+(docs/quality.md, "A recompute inside the injected facts").
 
 vLLM computes only a contiguous suffix after what a connector loads, so today's levers
 are the captured KV itself (``capture_context``) and the computed tail (``recompute_tail``).
@@ -8,28 +8,34 @@ CacheBlend and EPIC recompute chosen tokens inside the injected span instead: th
 are computed again, layer by layer, attending to the injected KV around them. That needs
 a custom attention backend in vLLM. This script measures what it would buy on LoCoMo
 prompts, with a model written out in plain torch (the Hugging Face weights of a Qwen2 or
-Llama model) so that every path is under control:
+Llama model) so that every path is under control. The reference is ``text`` (the whole
+prompt computed); every other path is a *variant*:
 
-- ``text``: the whole prompt computed (the reference);
-- ``kv``: the library's default: the header computed, the facts before the tail injected
-  as captured after their ``--context`` most similar facts (rotated to their place),
-  the last ``--tail`` facts and the question computed;
-- ``kv+first``: ``kv`` and the first tokens of each injected fact recomputed (EPIC:
-  attention sinks at each chunk start);
-- ``kv+dev``: ``kv`` and the injected tokens whose first-layer values deviate most from a
-  fresh computation (CacheBlend's selection);
-- ``kv+rand``: as many tokens chosen at random (the control);
-- ``kv+tail``: the budget spent on a longer computed tail instead (what vLLM allows).
+- ``t4``: the library's default: the header computed, the facts before the last 4
+  injected as captured after their ``--context`` most similar facts (rotated to their
+  place), the last 4 facts and the question computed (``t0``: every fact injected);
+- ``t4+d15%``: ``t4`` and 15% of the injected tokens recomputed, those whose second-layer
+  K/V deviate most from a fresh computation (CacheBlend's selection; ``t2+d64``: a tail
+  of 2 and 64 tokens);
+- ``+f``: the first tokens of each injected fact (EPIC: attention sinks at chunk starts),
+  level by level; ``+r``: tokens at random (the control); ``+T``: the same budget spent on
+  whole facts more in the computed tail (what vLLM allows today).
 
-All recompute variants get the same number of tokens (``--share`` of the injected ones).
-Per question: the KL divergence of each path's next-token distribution from the text
-path's at the first answer token, whether its greedy answer (``--answer-tokens``) equals
-the text path's, and LoCoMo F1 against the gold answer. This is an estimate of the gain
-on a small model on a CPU, not a quality decision (those are made on the GPU with
-``bench locomo`` over the whole development set).
+Per question and k: the KL divergence of each path's first answer token from the text
+path's, whether its greedy answer (up to ``--answer-tokens``, ended by the end-of-turn
+token as the engine's answers are) equals the text path's, LoCoMo F1 against the gold
+answer, and the tokens each path computes. The greedy answers of all paths of a question
+are decoded as one batch. On a GPU (``--device cuda``, float32) it covers the whole
+development set; on the CPU a sample.
+
+The retrieval (each question's top facts and each fact's capture context, by MiniLM, as
+the engine's memory finds them) is computed once into ``--retrieval`` and read from there
+on a machine without the embedder. Rows are appended to ``--out`` (JSON lines) as they
+are made; ``--summarize`` prints the tables of finished runs.
 
     python scripts/recompute_proxy.py --model HF_FOLDER --dataset locomo-dev.json \\
-        --conversations conv-26,conv-30 --questions 40 --k 10 --out proxy.json
+        --retrieval retrieval.json --k 10 --variants t4,t4+d15%,t4+T15% --out rows.jsonl
+    python scripts/recompute_proxy.py --summarize rows-*.jsonl
 """
 
 from __future__ import annotations
@@ -38,8 +44,11 @@ import argparse
 import json
 import math
 import random
+import re
 import statistics
+import sys
 import time
+from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -48,7 +57,7 @@ import torch
 
 from inferscale_memory.bench.locomo_dataset import load_locomo, select
 from inferscale_memory.bench.scoring import locomo_f1
-from inferscale_memory.embeddings import default_embedder
+from inferscale_memory.bench.stats import paired_difference
 from inferscale_memory.layout import PromptBuilder
 
 KV = tuple[list[torch.Tensor], list[torch.Tensor]]  # per layer [n, kv_heads, head_dim]
@@ -67,6 +76,13 @@ class PlainModel:
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads
         self.inv_freq = hf.model.rotary_emb.inv_freq.float()
         self.scaling = hf.model.rotary_emb.attention_scaling
+        self.device = self.inv_freq.device
+
+    def tensor(self, ids: list[int]) -> torch.Tensor:
+        return torch.tensor(ids, device=self.device)
+
+    def embed(self, ids: list[int]) -> torch.Tensor:
+        return self.hf.model.embed_tokens(self.tensor(ids))
 
     def rope(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         angles = positions.float()[:, None] * self.inv_freq[None, :]
@@ -115,11 +131,11 @@ class PlainModel:
                 ) -> tuple[torch.Tensor, KV]:
         """Compute ``ids`` at positions ``start..`` after ``past`` (positions
         ``0..start-1``); the last token's logits and the new tokens' K/V."""
-        positions = torch.arange(start, start + len(ids))
-        h = self.hf.model.embed_tokens(torch.tensor(ids))
+        positions = torch.arange(start, start + len(ids), device=self.device)
+        h = self.embed(ids)
         n, m = len(ids), start
-        visible = torch.ones(n, m + n, dtype=torch.bool)
-        visible[:, m:] = torch.tril(torch.ones(n, n, dtype=torch.bool))
+        visible = torch.ones(n, m + n, dtype=torch.bool, device=self.device)
+        visible[:, m:] = torch.tril(visible[:, m:])
         new_k, new_v = [], []
         for i, layer in enumerate(self.layers):
             q, k, v = self._qkv(layer, h, positions)
@@ -140,9 +156,9 @@ class PlainModel:
             return past
         keys = [k.clone() for k in past[0]]
         values = [v.clone() for v in past[1]]
-        at = torch.tensor(chosen)
-        h = self.hf.model.embed_tokens(torch.tensor([ids[p] for p in chosen]))
-        visible = torch.arange(len(ids))[None, :] <= at[:, None]
+        at = self.tensor(chosen)
+        h = self.embed([ids[p] for p in chosen])
+        visible = torch.arange(len(ids), device=self.device)[None, :] <= at[:, None]
         for i, layer in enumerate(self.layers):
             q, k, v = self._qkv(layer, h, at)
             keys[i][at], values[i][at] = k, v
@@ -155,10 +171,10 @@ class PlainModel:
         full computation gives (CacheBlend's selection): the first layer's K/V depend on
         the token alone, so one layer recomputed over the cache yields the exact input of
         the second."""
-        at = torch.tensor(positions)
-        visible = torch.arange(len(ids))[None, :] <= at[:, None]
+        at = self.tensor(positions)
+        visible = torch.arange(len(ids), device=self.device)[None, :] <= at[:, None]
         layer = self.layers[0]
-        h = self.hf.model.embed_tokens(torch.tensor([ids[p] for p in positions]))
+        h = self.embed([ids[p] for p in positions])
         q, _, _ = self._qkv(layer, h, at)
         h = self._attend(layer, h, q, past[0][0], past[1][0], visible)
         _, k, v = self._qkv(self.layers[1], h, at)
@@ -166,15 +182,42 @@ class PlainModel:
                 + (v - past[1][1][at]).norm(dim=(1, 2)) / past[1][1][at].norm(dim=(1, 2)))
 
     @torch.no_grad()
-    def greedy(self, logits: torch.Tensor, past: KV, length: int, count: int) -> list[int]:
-        """``count`` greedy tokens after a prompt of ``length`` tokens."""
-        out = [int(logits.argmax())]
-        keys, values = list(past[0]), list(past[1])
-        for step in range(count - 1):
-            logits, (k, v) = self.forward(out[-1:], length + step, (keys, values))
-            keys = [torch.cat((a, b)) for a, b in zip(keys, k, strict=True)]
-            values = [torch.cat((a, b)) for a, b in zip(values, v, strict=True)]
-            out.append(int(logits.argmax()))
+    def greedy(self, logits: torch.Tensor, pasts: list[KV], length: int, count: int,
+               stop: set[int]) -> list[list[int]]:
+        """Up to ``count`` greedy tokens after each of ``len(pasts)`` prompts of ``length``
+        tokens (``logits``: their last token's, ``[paths, vocab]``), decoded as one batch;
+        an answer ends before its first ``stop`` token."""
+        paths, group = len(pasts), self.heads // self.kv_heads
+        keys, values = [], []
+        for i in range(len(self.layers)):
+            for cache, part in ((keys, 0), (values, 1)):
+                room = torch.empty(paths, length + count, self.kv_heads, self.head_dim,
+                                   dtype=pasts[0][part][i].dtype, device=self.device)
+                room[:, :length] = torch.stack([p[part][i] for p in pasts])
+                cache.append(room)
+        tokens = logits.argmax(-1)
+        out: list[list[int]] = [[] for _ in range(paths)]
+        done = [False] * paths
+        for step in range(count):
+            for j, token in enumerate(tokens.tolist()):
+                done[j] = done[j] or token in stop
+                if not done[j]:
+                    out[j].append(token)
+            if all(done) or step == count - 1:
+                break
+            at = length + step
+            h = self.hf.model.embed_tokens(tokens)
+            positions = torch.full((paths,), at, device=self.device)
+            for i, layer in enumerate(self.layers):
+                q, k, v = self._qkv(layer, h, positions)
+                keys[i][:, at], values[i][:, at] = k, v
+                kk = keys[i][:, :at + 1].repeat_interleave(group, dim=2)
+                vv = values[i][:, :at + 1].repeat_interleave(group, dim=2)
+                scores = torch.einsum("bhd,bmhd->bhm", q, kk) / math.sqrt(self.head_dim)
+                mixed = torch.einsum("bhm,bmhd->bhd", scores.softmax(-1), vv)
+                h = h + layer.self_attn.o_proj(mixed.reshape(paths, -1))
+                h = h + layer.mlp(layer.post_attention_layernorm(h))
+            tokens = self.logits(h).argmax(-1)
         return out
 
 
@@ -185,7 +228,7 @@ def check(hf: torch.nn.Module, model: PlainModel, builder: PromptBuilder) -> Non
                            [("a", "Priya lives in Lisbon."), ("b", "Priya plays the cello.")])
     ids = layout.token_ids
     with torch.no_grad():
-        want = hf(torch.tensor([ids])).logits[0, -1]
+        want = hf(model.tensor([ids])).logits[0, -1]
     got, kv = model.forward(ids, 0)
     assert torch.allclose(got, want, atol=2e-3, rtol=1e-3), float((got - want).abs().max())
     _, start, end = layout.fact_spans[0]
@@ -196,6 +239,13 @@ def check(hf: torch.nn.Module, model: PlainModel, builder: PromptBuilder) -> Non
                   ([x[cap_start:cap_end] for x in k], [x[cap_start:cap_end] for x in v]))
     injected, _ = model.forward(ids[end:], end, past)
     assert kl(got, injected) < 1e-6, kl(got, injected)
+    # the batched greedy decodes as Hugging Face's does, whatever else is in the batch
+    with torch.no_grad():
+        generated = hf.generate(model.tensor([ids]), max_new_tokens=6, do_sample=False,
+                                attention_mask=torch.ones_like(model.tensor([ids])))
+    want_answer = generated[0, len(ids):].tolist()
+    answers = model.greedy(torch.stack((got, injected)), [kv, kv], len(ids), 6, set())
+    assert answers[0] == want_answer, (answers[0], want_answer)
     moved = ([model.shift(x, 5) for x in k], v)  # rotations compose: 5 forward, 5 back
     back = [model.shift(x, -5) for x in moved[0]]
     assert all(torch.allclose(a, b, atol=1e-4) for a, b in zip(back, k, strict=True))
@@ -220,7 +270,7 @@ class Captures:
     model: PlainModel
     builder: PromptBuilder
     texts: list[str]
-    contexts: dict[int, list[int]]
+    contexts: list[list[int]]
     store: dict[int, tuple[KV, int]] = field(default_factory=dict)
 
     def get(self, index: int) -> tuple[KV, int]:
@@ -232,152 +282,255 @@ class Captures:
         return self.store[index]
 
 
-def nearest_contexts(vectors: np.ndarray, count: int) -> dict[int, list[int]]:
+VARIANT = re.compile(r"t(\d+)(?:\+([dfrT])(\d+)(%?))?$")
+PICKS = {"d": "the most deviating tokens", "f": "the first tokens of each fact",
+         "r": "random tokens", "T": "whole facts more in the tail"}
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A KV path: a computed tail of ``tail`` facts and, optionally, ``amount`` tokens (or
+    percent of the injected ones) chosen by ``pick`` recomputed inside the injected span."""
+
+    name: str
+    tail: int
+    pick: str | None = None
+    amount: int = 0
+    percent: bool = False
+
+    @classmethod
+    def parse(cls, name: str) -> Variant:
+        match = VARIANT.match(name)
+        if match is None:
+            raise SystemExit(f"variant {name!r}: want tN, tN+dM or tN+dM% (picks: "
+                             + ", ".join(f"{p} = {what}" for p, what in PICKS.items()) + ")")
+        tail, pick, amount, percent = match.groups()
+        return cls(name, int(tail), pick, int(amount or 0), percent == "%")
+
+    def budget(self, injected_tokens: int) -> int:
+        if self.pick is None or not injected_tokens:
+            return 0
+        if self.percent:
+            return max(1, round(self.amount / 100 * injected_tokens))
+        return min(self.amount, injected_tokens)
+
+
+def nearest_contexts(vectors: np.ndarray, count: int) -> list[list[int]]:
     """Per fact, its ``count`` most similar facts (cosine), in the order they were added."""
     sims = vectors @ vectors.T
     np.fill_diagonal(sims, -np.inf)
     order = np.argsort(-sims, axis=1)[:, :count]
-    return {i: sorted(int(j) for j in row) for i, row in enumerate(order)}
+    return [sorted(int(j) for j in row) for row in order]
+
+
+def questions_of(conv) -> list:
+    return [q for q in conv.questions if q.category in (1, 2, 3, 4)]
+
+
+def retrieval(path: Path, conversations: list, context: int, k: int) -> dict:
+    """Per conversation, each fact's capture context and each question's top ``k`` facts
+    (best first), by the default embedder; computed once and kept in ``path``."""
+    if path.exists():
+        found = json.loads(path.read_text())
+        if found["context"] != context or found["k"] < k:
+            raise SystemExit(f"{path} holds context {found['context']}, k {found['k']}")
+        return found["conversations"]
+    from inferscale_memory.embeddings import default_embedder
+
+    embedder = default_embedder()
+    out = {}
+    for conv in conversations:
+        texts = [f.text for f in conv.facts("observations")]
+        vectors = np.asarray(embedder.embed(texts))
+        vectors = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+        asked = questions_of(conv)
+        queries = np.asarray(embedder.embed([q.question for q in asked]))
+        queries = queries / np.linalg.norm(queries, axis=1, keepdims=True)
+        ranked = {str(q.index): [int(i) for i in np.argsort(-(vectors @ v))[:k]]
+                  for q, v in zip(asked, queries, strict=True)}
+        out[conv.sample_id] = {"contexts": nearest_contexts(vectors, context), "ranked": ranked}
+    path.write_text(json.dumps({"context": context, "k": k, "conversations": out}))
+    return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", required=True, help="a Hugging Face folder (Qwen2/Llama)")
-    parser.add_argument("--dataset", required=True)
+    parser.add_argument("--summarize", nargs="+", metavar="ROWS", help="print the tables")
+    parser.add_argument("--model", help="a Hugging Face folder (Qwen2/Llama)")
+    parser.add_argument("--dataset")
+    parser.add_argument("--retrieval", help="the retrieval file (written if missing)")
     parser.add_argument("--conversations", default=None, help="comma-separated sample ids")
-    parser.add_argument("--questions", type=int, default=40, help="per conversation")
-    parser.add_argument("--k", type=int, default=10)
-    parser.add_argument("--tail", type=int, default=4)
+    parser.add_argument("--questions", type=int, default=0,
+                        help="per conversation, drawn with --seed (0: all)")
+    parser.add_argument("--k", default="10", help="comma-separated")
+    parser.add_argument("--variants", default="t4,t4+d15%,t4+f15%,t4+r15%,t4+T15%")
     parser.add_argument("--context", type=int, default=4)
-    parser.add_argument("--share", type=float, default=0.15,
-                        help="recomputed share of the injected tokens")
-    parser.add_argument("--answer-tokens", type=int, default=12)
+    parser.add_argument("--answer-tokens", type=int, default=32)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", required=True)
+    parser.add_argument("--out", help="rows, JSON lines (appended)")
     args = parser.parse_args()
+    if args.summarize:
+        for line in summarize([json.loads(line) for name in args.summarize
+                               for line in Path(name).read_text().splitlines()]):
+            print(line)
+        return
+    if not (args.model and args.dataset and args.retrieval and args.out):
+        parser.error("--model, --dataset, --retrieval and --out are required")
+    variants = [Variant.parse(v) for v in args.variants.split(",")]
+    ks = [int(k) for k in args.k.split(",")]
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch.manual_seed(args.seed)
     rng = random.Random(args.seed)
-    tokenizer = AutoTokenizer.from_pretrained(args.model)
-    hf = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
-    model = PlainModel(hf)
-    builder = PromptBuilder(tokenizer)
-    check(hf, model, builder)
-    embedder = default_embedder()
     which = args.conversations.split(",") if args.conversations else None
     conversations = select(load_locomo(args.dataset), which)
-    rows: list[dict] = []
+    found = retrieval(Path(args.retrieval), conversations, args.context, max(ks))
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    hf = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
+    model = PlainModel(hf.to(args.device).eval())
+    builder = PromptBuilder(tokenizer)
+    check(hf, model, builder)
+    stop = {t for t in (tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>"),
+                        tokenizer.convert_tokens_to_ids("<|eot_id|>")) if isinstance(t, int)}
     started = time.monotonic()
-    for conv in conversations:
-        facts = list(conv.facts("observations"))
-        texts = [f.text for f in facts]
-        vectors = embedder.embed(texts)
-        vectors = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
-        captures = Captures(model, builder, texts, nearest_contexts(vectors, args.context))
-        questions = [q for q in conv.questions if q.category in (1, 2, 3, 4)]
+    captures, jobs = {}, []
+    for conv in conversations:  # every conversation's questions mixed: a run cut short
+        texts = [f.text for f in conv.facts("observations")]  # still covers both halves
+        captures[conv.sample_id] = Captures(model, builder, texts,
+                                            found[conv.sample_id]["contexts"])
+        questions = questions_of(conv)
         rng.shuffle(questions)
-        for question in questions[:args.questions]:
-            rows.append(run_question(model, tokenizer, builder, captures, vectors, embedder,
-                                     question, texts, args, rng))
-            rows[-1]["conversation"] = conv.sample_id
-            print(json.dumps({k: rows[-1][k] for k in ("conversation", "kl", "same")}),
-                  f"{time.monotonic() - started:.0f} s", flush=True)
-    summary = summarize(rows)
-    Path(args.out).write_text(json.dumps({"args": vars(args), "summary": summary,
-                                          "rows": rows}, indent=1))
-    print(json.dumps(summary, indent=1))
+        jobs += [(conv.sample_id, q) for q in questions[:args.questions or None]]
+    rng.shuffle(jobs)
+    with Path(args.out).open("a") as out:
+        for sample_id, question in jobs:
+            mine = captures[sample_id]
+            for k in ks:
+                ranked = found[sample_id]["ranked"][str(question.index)][:k]
+                row = run_question(model, tokenizer, builder, mine, ranked, question,
+                                   mine.texts, k, variants, args.answer_tokens, stop, rng)
+                row.update(conversation=sample_id, model=Path(args.model).name)
+                out.write(json.dumps(row) + "\n")
+                out.flush()
+                print(sample_id, question.index, k,
+                      {v: round(x, 4) for v, x in row["kl"].items()},
+                      f"{time.monotonic() - started:.0f} s", flush=True)
 
 
 def run_question(model: PlainModel, tokenizer, builder: PromptBuilder, captures: Captures,
-                 vectors: np.ndarray, embedder, question, texts: list[str],
-                 args: argparse.Namespace, rng: random.Random) -> dict:
-    q = embedder.embed([question.question])[0]
-    q = q / np.linalg.norm(q)
-    ranked = list(np.argsort(-(vectors @ q))[:args.k])  # best first
-    order = [int(i) for i in reversed(ranked)]  # rank order: best last
+                 ranked: list[int], question, texts: list[str], k: int,
+                 variants: list[Variant], answer_tokens: int, stop: set[int],
+                 rng: random.Random) -> dict:
+    order = list(reversed(ranked))  # rank order: best last
     messages = [{"role": "user", "content": question.question}]
     layout = builder.build(messages, [(str(i), texts[i]) for i in order])
     ids = layout.token_ids
-    header = layout.header_end
-    tail = min(args.tail, len(order))
-    injected = order[:len(order) - tail]
-    spans = layout.fact_spans
-    inject_end = spans[len(injected) - 1][2] if injected else header
+    header, spans = layout.header_end, layout.fact_spans
 
-    # text: every token computed
     text_logits, text_kv = model.forward(ids, 0)
-    header_kv = ([k[:header] for k in text_kv[0]], [v[:header] for v in text_kv[1]])
-    text_answer = model.greedy(text_logits, text_kv, len(ids), args.answer_tokens)
+    header_kv = ([x[:header] for x in text_kv[0]], [x[:header] for x in text_kv[1]])
+    parts = [header_kv]  # the header, then each fact as captured, moved to its place
+    for (_id, start, _end), index in zip(spans, order, strict=True):
+        (keys, values), captured_at = captures.get(index)
+        parts.append(([model.shift(x, start - captured_at) for x in keys], list(values)))
 
-    # the injected span as the default injects it
-    parts = [header_kv]
-    for (_id, start, _end), index in zip(spans, injected, strict=False):
-        (k, v), captured_at = captures.get(index)
-        parts.append(([model.shift(x, start - captured_at) for x in k], list(v)))
-    injected_kv = concat(*parts)
-    positions = [p for _, s, e in spans[:len(injected)] for p in range(s, e)]
-    budget = max(1, round(args.share * len(positions))) if positions else 0
-
-    def finish(past: KV, compute_from: int) -> tuple[torch.Tensor, list[int]]:
+    def finish(past: KV, compute_from: int) -> tuple[torch.Tensor, KV]:
         logits, new = model.forward(ids[compute_from:], compute_from, past)
-        full = concat(past, new)
-        return logits, model.greedy(logits, full, len(ids), args.answer_tokens)
+        return logits, concat(past, new)
 
-    paths: dict[str, tuple[torch.Tensor, list[int]]] = {}
-    paths["kv"] = finish(injected_kv, inject_end)
-    if budget:
-        firsts: list[int] = []
-        depth = 0
-        while len(firsts) < budget:  # the first tokens of every fact, level by level
-            level = [s + depth for _, s, e in spans[:len(injected)] if s + depth < e]
-            if not level:
-                break
-            firsts += level[:budget - len(firsts)]
-            depth += 1
-        deviation = model.deviation(ids[:inject_end], injected_kv, positions)
-        top = [positions[int(i)] for i in deviation.argsort(descending=True)[:budget]]
-        chosen = {"kv+first": sorted(firsts), "kv+dev": sorted(top),
-                  "kv+rand": sorted(rng.sample(positions, budget))}
-        for name, picks in chosen.items():
-            paths[name] = finish(model.recompute(ids[:inject_end], injected_kv, picks),
-                                 inject_end)
-        # the same tokens spent on a longer computed tail (whole facts, from the end)
-        more, extra = 0, len(injected)
-        while extra > 0 and more < budget:
-            extra -= 1
-            more += spans[extra][2] - spans[extra][1]
-        cut = spans[extra][1] if extra < len(injected) else inject_end
-        paths["kv+tail"] = finish(concat(*parts[:1 + extra]), cut)
-    row: dict = {"question": question.index, "category": question.category,
-                 "injected_tokens": len(positions), "budget": budget,
-                 "kl": {}, "same": {}, "f1": {}}
+    logits, pasts = [text_logits], [text_kv]
+    row: dict = {"question": question.index, "category": question.category, "k": k,
+                 "prompt_tokens": len(ids), "computed": {}, "kl": {}, "same": {}, "f1": {}}
+    deviations: dict[int, torch.Tensor] = {}
+    for variant in variants:
+        injected = len(order) - min(variant.tail, len(order))
+        inject_end = spans[injected - 1][2] if injected else header
+        past = concat(*parts[:1 + injected])
+        positions = [p for _, s, e in spans[:injected] for p in range(s, e)]
+        budget = variant.budget(len(positions))
+        compute_from, picks = inject_end, []
+        if variant.pick == "T":  # whole facts more in the tail, from the end
+            more, extra = 0, injected
+            while extra > 0 and more < budget:
+                extra -= 1
+                more += spans[extra][2] - spans[extra][1]
+            compute_from = spans[extra][1] if extra < injected else inject_end
+            past = concat(*parts[:1 + extra])
+        elif variant.pick == "d" and budget:
+            if injected not in deviations:
+                deviations[injected] = model.deviation(ids[:inject_end], past, positions)
+            top = deviations[injected].argsort(descending=True)[:budget]
+            picks = sorted(positions[int(i)] for i in top)
+        elif variant.pick == "f":  # the first tokens of every fact, level by level
+            depth = 0
+            while len(picks) < budget:
+                level = [s + depth for _, s, e in spans[:injected] if s + depth < e]
+                if not level:
+                    break
+                picks += level[:budget - len(picks)]
+                depth += 1
+            picks.sort()
+        elif variant.pick == "r":
+            picks = sorted(rng.sample(positions, budget))
+        if picks:
+            past = model.recompute(ids[:inject_end], past, picks)
+        got, full = finish(past, compute_from)
+        logits.append(got)
+        pasts.append(full)
+        row["computed"][variant.name] = len(ids) - compute_from + len(picks)
+    answers = model.greedy(torch.stack(logits), pasts, len(ids), answer_tokens, stop)
+
     def f1(answer: list[int]) -> float:
-        text = tokenizer.decode(answer, skip_special_tokens=True).split("\n")[0]
-        return locomo_f1(text, question.answer, question.category)
+        return locomo_f1(tokenizer.decode(answer, skip_special_tokens=True),
+                         question.answer, question.category)
 
-    row["f1"]["text"] = f1(text_answer)
-    for name, (logits, answer) in paths.items():
-        row["kl"][name] = kl(text_logits, logits)
-        row["same"][name] = answer == text_answer
-        row["f1"][name] = f1(answer)
+    row["f1"]["text"] = f1(answers[0])
+    for variant, got, answer in zip(variants, logits[1:], answers[1:], strict=True):
+        row["kl"][variant.name] = kl(text_logits, got)
+        row["same"][variant.name] = answer == answers[0]
+        row["f1"][variant.name] = f1(answer)
     return row
 
 
-def summarize(rows: list[dict]) -> dict:
-    names = list(rows[0]["kl"]) if rows else []
-    out = {"questions": len(rows)}
-    for name in names:
-        kls = [r["kl"][name] for r in rows if name in r["kl"]]
-        out[name] = {
-            "kl_mean": statistics.fmean(kls), "kl_median": statistics.median(kls),
-            "same_answer": statistics.fmean(r["same"][name] for r in rows if name in r["same"]),
-            "f1_minus_text": statistics.fmean(r["f1"][name] - r["f1"]["text"]
-                                              for r in rows if name in r["f1"]),
-        }
-    return out
+def cell(rows: list[dict], name: str) -> str:
+    """``-1.2 (1.4)``: the variant's F1 - text in points and its paired 95% half-width."""
+    if not rows:
+        return "-"
+    diff, ci = paired_difference([r["f1"][name] for r in rows], [r["f1"]["text"] for r in rows])
+    return f"{100 * diff:+.1f}" + ("" if math.isnan(ci) else f" ({100 * ci:.1f})")
+
+
+def summarize(rows: list[dict]) -> list[str]:
+    """Per model and k, per variant: F1 - text on all rows and on each half of the set
+    (alternate conversations), the KL medians and their ratio to the first variant's, the
+    share of answers equal to the text path's, and the tokens computed."""
+    lines = ["| model | k | n | variant | F1 - text | half A | half B | KL median "
+             "| KL / first (median) | same answer | computed tokens |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    groups: dict[tuple[str, int], list[dict]] = defaultdict(list)
+    for row in rows:
+        groups[(row["model"], row["k"])].append(row)
+    for (model, k), group in sorted(groups.items()):
+        names = sorted({r["conversation"] for r in group})
+        first_half = set(names[0::2])
+        half_a = [r for r in group if r["conversation"] in first_half]
+        half_b = [r for r in group if r["conversation"] not in first_half]
+        variants = list(group[0]["kl"])
+        text_f1 = statistics.fmean(r["f1"]["text"] for r in group)
+        lines.append(f"| {model} | {k} | {len(group)} | text (F1 {100 * text_f1:.1f}) "
+                     "| | | | | | | |")
+        for name in variants:
+            ratio = statistics.median(r["kl"][name] / max(r["kl"][variants[0]], 1e-12)
+                                      for r in group)
+            lines.append(
+                f"| | | | {name} | {cell(group, name)} | {cell(half_a, name)} "
+                f"| {cell(half_b, name)} | {statistics.median(r['kl'][name] for r in group):.4f} "
+                f"| {ratio:.2f} | {statistics.fmean(r['same'][name] for r in group):.0%} "
+                f"| {statistics.fmean(r['computed'][name] for r in group):.0f} |")
+    return lines
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -71,3 +71,42 @@ def test_recomputing_every_injected_token_gives_the_text_path(plain) -> None:
     deviation = model.deviation(ids[:inject_end], injected, positions)
     first = spans[0][2] - spans[0][1]  # the first fact was captured where it sits: exact
     assert float(deviation[:first].abs().max()) < 1e-4 < float(deviation[first:].max())
+
+
+def test_a_question_s_paths_span_the_injected_kv_to_the_text_path(plain, tiny_model) -> None:
+    """run_question end to end: a tail of every fact, or every injected token recomputed,
+    is the text path (its first answer token's distribution and its greedy answer, decoded
+    in one batch with the other paths); with facts injected it drifts; the computed tokens
+    add up."""
+    from transformers import AutoTokenizer
+
+    from inferscale_memory.bench.locomo_dataset import LocomoQuestion
+
+    _, model, builder = plain
+    question = LocomoQuestion(0, "Where does Priya live?", "Lisbon", 4, ())
+    captures = proxy.Captures(model, builder, FACTS, [[1], [0], [0, 1], [0, 2]])
+    variants = [proxy.Variant.parse(v)
+                for v in ("t4", "t0", "t0+d100%", "t1+d5", "t1+T10", "t1+f5", "t1+r5")]
+    row = proxy.run_question(model, AutoTokenizer.from_pretrained(str(tiny_model)), builder, captures, [3, 2, 1, 0],
+                             question, FACTS, 4, variants, 6, set(), proxy.random.Random(0))
+    assert row["kl"]["t4"] < 1e-9 and row["same"]["t4"]
+    assert row["kl"]["t0+d100%"] < 1e-6 and row["same"]["t0+d100%"]
+    assert row["kl"]["t0"] > 1e-4
+    assert row["f1"]["t4"] == row["f1"]["text"]
+    layout = builder.build([{"role": "user", "content": question.question}],
+                           [(str(i), FACTS[i]) for i in (0, 1, 2, 3)])
+    spans, total = layout.fact_spans, len(layout.token_ids)
+    injected = spans[-1][1] - layout.header_end  # tokens of the 3 facts before the tail
+    assert row["computed"]["t4"] == total - layout.header_end
+    assert row["computed"]["t0+d100%"] == total - layout.header_end
+    assert row["computed"]["t1+d5"] == total - spans[-1][1] + 5
+    assert row["computed"]["t1+T10"] == total - spans[-2][1]  # one fact more, >= 10 tokens
+    assert injected > 10 and row["computed"]["t0"] == total - spans[-1][2]
+
+
+def test_variants_name_their_tail_pick_and_budget() -> None:
+    assert proxy.Variant.parse("t4+d15%").budget(200) == 30
+    assert proxy.Variant.parse("t2+d64").budget(40) == 40
+    assert proxy.Variant.parse("t4").budget(200) == 0
+    with pytest.raises(SystemExit, match="want tN"):
+        proxy.Variant.parse("t4+x5")

@@ -1,0 +1,51 @@
+#!/bin/sh
+# scripts/recompute_proxy.py on the GPU machine over the whole LoCoMo development set: one
+# background process per model and k (the plain model is bound by kernel launches, so
+# several share the GPU well). Needs only the image's torch and transformers, the wheels of
+# pydantic & co. (the package's imports) and a model folder (../shared/gpu/remote-model.sh).
+#   sh scripts/gpu-proxy.sh deps WHEELS DATA      wheels into /tmp/pyd; DATA (the dataset and
+#                                                 retrieval.json) to /tmp/pxdata; the checkout
+#                                                 to /tmp/repo
+#   sh scripts/gpu-proxy.sh start LOG NAME        when LOG says MODEL OK, one run per k of
+#                                                 $K (10,20,50) with $VARIANTS
+#   sh scripts/gpu-proxy.sh poll SECONDS          waits until every run ended (at most
+#                                                 SECONDS), then copies rows and logs to $OUT
+set -e
+runs=/tmp/px
+case "$1" in
+deps)
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/pyd "$2"/*.whl
+  mkdir -p /tmp/pxdata $runs && cp "$3"/* /tmp/pxdata/
+  rm -rf /tmp/repo && mkdir -p /tmp/repo && cp -r inferscale_memory scripts /tmp/repo/
+  PYTHONPATH=/tmp/repo:/tmp/pyd python3 -c "import inferscale_memory.layout; print('deps OK')"
+  ;;
+start)
+  log=$2 name=$3
+  for k in $(echo "${K:-10,20,50}" | tr , ' '); do
+    (setsid nohup sh -c "
+      until grep -q 'MODEL OK' $log 2>/dev/null; do sleep 2; done
+      model=\$(grep 'MODEL OK' $log | sed 's/MODEL OK \([^ ]*\).*/\1/')
+      cd /tmp/repo && PYTHONPATH=/tmp/repo:/tmp/pyd HF_HUB_OFFLINE=1 python3 \
+        scripts/recompute_proxy.py --model \$model --dataset /tmp/pxdata/locomo-dev.json \
+        --retrieval /tmp/pxdata/retrieval.json --k $k --variants '$VARIANTS' \
+        --out $runs/$name-k$k.jsonl > $runs/$name-k$k.log 2>&1
+      echo \"exit \$?\" >> $runs/$name-k$k.log; touch $runs/$name-k$k.done
+    " > /dev/null 2>&1 < /dev/null &)
+    touch $runs/$name-k$k.started
+  done
+  ;;
+poll)
+  end=$(( $(date +%s) + $2 ))
+  while [ "$(date +%s)" -lt "$end" ]; do
+    left=0
+    for s in $runs/*.started; do [ -e "${s%.started}.done" ] || left=$((left + 1)); done
+    [ "$left" = 0 ] && break
+    sleep 5
+  done
+  for s in $runs/*.started; do
+    n=${s%.started}; printf '%s: %s rows %s\n' "${n##*/}" "$(wc -l < "$n.jsonl" 2>/dev/null || echo 0)" \
+      "$([ -e "$n.done" ] && tail -1 "$n.log" || echo running)"
+  done
+  cp $runs/*.jsonl $runs/*.log /tmp/model-*.log "$OUT"/ 2>/dev/null || true
+  ;;
+esac
