@@ -87,8 +87,9 @@ def test_a_question_s_paths_span_the_injected_kv_to_the_text_path(plain, tiny_mo
     captures = proxy.Captures(model, builder, FACTS, [[1], [0], [0, 1], [0, 2]])
     variants = [proxy.Variant.parse(v)
                 for v in ("t4", "t0", "t0+d100%", "t1+d5", "t1+T10", "t1+f5", "t1+r5")]
-    row = proxy.run_question(model, AutoTokenizer.from_pretrained(str(tiny_model)), builder, captures, [3, 2, 1, 0],
-                             question, FACTS, 4, variants, 6, set(), proxy.random.Random(0))
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model))
+    row = proxy.run_question(model, tokenizer, builder, captures, [3, 2, 1, 0], question,
+                             FACTS, 4, variants, 6, set(), proxy.random.Random(0))
     assert row["kl"]["t4"] < 1e-9 and row["same"]["t4"]
     assert row["kl"]["t0+d100%"] < 1e-6 and row["same"]["t0+d100%"]
     assert row["kl"]["t0"] > 1e-4
