@@ -226,31 +226,26 @@ class FactDB(FactQueries):
 
     def get_many(self, user_id: str, ids: Sequence[str]) -> dict[str, Fact]:
         """Return the facts of ``user_id`` among ``ids``, keyed by id."""
-        out: dict[str, Fact] = {}
+        return {r[0]: _to_fact(r) for r in self._owned_rows(_FACT_COLS, user_id, ids)}
+
+    def _owned_rows(self, columns: str, user_id: str, ids: Sequence[str]) -> list[Any]:
+        """``columns`` of the rows of ``ids`` that ``user_id`` owns: looked up by primary
+        key, the owner checked on the rows found (no scan of the user's rows)."""
+        rows: list[Any] = []
         for start in range(0, len(ids), 500):  # stay below SQLite's variable limit
             chunk = list(ids[start : start + 500])
             marks = ", ".join("?" * len(chunk))
-            rows = self._all(
-                f"SELECT {_FACT_COLS} FROM facts WHERE id IN ({marks}) AND {_OWNED_BY}",
+            rows += self._all(
+                f"SELECT {columns} FROM facts WHERE id IN ({marks}) AND {_OWNED_BY}",
                 [*chunk, user_id],
             )
-            out.update((r[0], _to_fact(r)) for r in rows)
-        return out
+        return rows
 
     def embeddings_of(self, user_id: str, ids: Sequence[str], dim: int) -> dict[str, np.ndarray]:
         """Return the embeddings of the facts of ``user_id`` among ``ids``, keyed by id
         (float32 rows of ``dim``; an embedding of another size is left out)."""
-        out: dict[str, np.ndarray] = {}
-        for start in range(0, len(ids), 500):  # stay below SQLite's variable limit
-            chunk = list(ids[start : start + 500])
-            marks = ", ".join("?" * len(chunk))
-            rows = self._all(
-                f"SELECT id, embedding FROM facts WHERE id IN ({marks}) AND {_OWNED_BY}",
-                [*chunk, user_id],
-            )
-            out.update((r[0], np.frombuffer(r[1], dtype="<f4")) for r in rows
-                       if len(r[1]) == 4 * dim)
-        return out
+        return {r[0]: np.frombuffer(r[1], dtype="<f4")
+                for r in self._owned_rows("id, embedding", user_id, ids) if len(r[1]) == 4 * dim}
 
     def embeddings(self, user_id: str) -> tuple[list[str], list[bytes]]:
         """Return a user's fact ids and raw float32 embedding blobs."""
