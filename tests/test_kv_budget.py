@@ -5,8 +5,8 @@ facts and a host-memory tier (``kv_host_pool_gb``) for about twice as many. Fact
 captured as they are added; least recently used ones are demoted to the host tier, and
 the host tier's least recently used ones are evicted. An answer naming a demoted fact
 copies it back (a host hit: injected, not recomputed); one naming an evicted fact
-computes it from text (and recaptures it in the background). Every greedy answer equals
-the text path's.
+computes it from text (and recaptures it in the background). Every answer's first-token
+distribution is the text path's, up to the rounding of a prefill split differently.
 
 The engine runs the tiny random-weight model with ``enforce_eager``: the pool's bookkeeping
 and the KV path's exactness are under test, not the model's answers.
@@ -67,26 +67,44 @@ def test_ten_times_more_fact_kv_than_the_budget(small_pool: MemoryEngine) -> Non
     rng = random.Random(1)
     sample = rng.sample(facts[-16:-4], 4) + rng.sample(facts[:20], 3)
     promoted = recomputed = 0
+    drifts, wrong_drifts = [], []
+    options = dict(user_id="budget", max_tokens=1, logprobs=20)
     for fact in sample:
         question = [{"role": "user", "content": f"Where is {fact.text.split()[0]} on Mondays?"}]
-        text = engine.answer(question, [fact], user_id="budget", mode="text", max_tokens=10)
+        text = engine.answer(question, [fact], mode="text", **options)  # type: ignore[arg-type]
+        other = facts[(facts.index(fact) + 7) % len(facts)]  # another name, another place
+        wrong = engine.answer(question, [other], mode="text", **options)  # type: ignore[arg-type]
+        wrong_drifts.append(drift(text, wrong))
         before = engine.kv_stats.promoted
-        first = engine.answer(question, [fact], user_id="budget", mode="kv", max_tokens=10)
+        first = engine.answer(question, [fact], mode="kv", **options)  # type: ignore[arg-type]
         if first.metrics.recomputed_fact_ids:
             recomputed += 1
         elif engine.kv_stats.promoted > before:
             promoted += 1  # copied back from the host tier and injected
             assert first.metrics.injected_tokens > 0
         engine.wait_for_background()  # a recomputed fact is recaptured...
-        second = engine.answer(question, [fact], user_id="budget", mode="kv", max_tokens=10)
+        second = engine.answer(question, [fact], mode="kv", **options)  # type: ignore[arg-type]
         assert second.metrics.recomputed_fact_ids == []  # ...and injected next time
         for kv in (first, second):
             assert kv.prompt_token_ids == text.prompt_token_ids
-            assert kv.token_ids == text.token_ids
+            drifts.append(drift(text, kv))
         assert engine.kv_stats.pool_tokens <= budget
         assert engine.kv_stats.host_tokens <= host_budget
     assert promoted >= 1  # host hits: injected without recomputing
     assert recomputed >= 1  # facts gone from both tiers were computed from text
+    # The random-weight model's logits lie close together, so a prefill split otherwise
+    # (a fact injected, or recaptured after a prefix-cache hit) can flip a greedy token
+    # on some CPUs: the KV answers are held to their distance from the text path's first
+    # token (bf16 rounding: ~0.03 here), which stays below what another fact moves it
+    # (>= 0.09 here): a wrong or stale fact's KV would not.
+    assert max(drifts) < min(wrong_drifts), (drifts, wrong_drifts)
+
+
+def drift(reference, other) -> float:
+    """The largest change of the reference's top first-token logprobs in ``other``."""
+    want, got = reference.logprobs[0], other.logprobs[0]
+    top = sorted(want, key=want.get, reverse=True)[:5]
+    return max(abs(want[t] - got[t]) if t in got else float("inf") for t in top)
 
 
 def test_a_delete_shows_in_the_pool_at_once(small_pool: MemoryEngine) -> None:
