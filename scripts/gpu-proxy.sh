@@ -2,7 +2,9 @@
 # scripts/recompute_proxy.py on the GPU machine over the whole LoCoMo development set: one
 # background process per model and k (the plain model is bound by kernel launches, so
 # several share the GPU well). Needs only the image's torch and transformers, the wheels of
-# pydantic & co. (the package's imports) and a model folder (../shared/gpu/remote-model.sh).
+# pydantic & co. (the package's imports) and nltk (LoCoMo's F1 stems with its Porter
+# stemmer; the image lacks it: `pip download --no-deps nltk` into WHEELS), and a model
+# folder (../shared/gpu/remote-model.sh).
 #   sh scripts/gpu-proxy.sh deps WHEELS DATA      wheels into /tmp/pyd; DATA (the dataset and
 #                                                 retrieval.json) to /tmp/pxdata; the checkout
 #                                                 to /tmp/repo
@@ -17,7 +19,7 @@ deps)
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/pyd "$2"/*.whl
   mkdir -p /tmp/pxdata $runs && cp "$3"/* /tmp/pxdata/
   rm -rf /tmp/repo && mkdir -p /tmp/repo && cp -r inferscale_memory scripts /tmp/repo/
-  PYTHONPATH=/tmp/repo:/tmp/pyd python3 -c "import inferscale_memory.layout; print('deps OK')"
+  PYTHONPATH=/tmp/repo:/tmp/pyd python3 -c "import inferscale_memory.bench.locomo, nltk; print('deps OK')"
   ;;
 start)
   log=$2 name=$3

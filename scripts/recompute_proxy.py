@@ -55,6 +55,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from inferscale_memory.bench.locomo import question_messages
 from inferscale_memory.bench.locomo_dataset import load_locomo, select
 from inferscale_memory.bench.scoring import locomo_f1
 from inferscale_memory.bench.stats import paired_difference
@@ -424,8 +425,7 @@ def run_question(model: PlainModel, tokenizer, builder: PromptBuilder, captures:
                  variants: list[Variant], answer_tokens: int, stop: set[int],
                  rng: random.Random) -> dict:
     order = list(reversed(ranked))  # rank order: best last
-    messages = [{"role": "user", "content": question.question}]
-    layout = builder.build(messages, [(str(i), texts[i]) for i in order])
+    layout = builder.build(question_messages(question), [(str(i), texts[i]) for i in order])
     ids = layout.token_ids
     header, spans = layout.header_end, layout.fact_spans
 

@@ -35,6 +35,12 @@ KEY = ("conversation", "question_index", "k", "mode")
 INSTRUCTION = "Answer with a short phrase."
 
 
+def question_messages(question: LocomoQuestion) -> list[dict[str, str]]:
+    """The chat messages a LoCoMo question is asked with (scripts/recompute_proxy.py asks
+    the same, so that its rows and bench locomo's measure the same prompts)."""
+    return [{"role": "user", "content": f"{question.question} {INSTRUCTION}"}]
+
+
 def run_locomo(engine: MemoryEngine, conversations: Sequence[LocomoConversation],
                ks: Sequence[int], run: RunFolder, *, memory: str = "observations",
                max_tokens: int = 32, judge: Judge | None = None, progress: bool = True,
@@ -139,9 +145,9 @@ class _Runner:
         await asyncio.gather(*(one(job) for job in jobs))
 
     async def _answer(self, job: _Job) -> ChatResult:
-        messages = [{"role": "user", "content": f"{job.question.question} {INSTRUCTION}"}]
-        return await self.engine.achat(messages, user_id=job.user_id, mode=job.mode,
-                                       facts=list(job.facts), max_tokens=self.max_tokens)
+        return await self.engine.achat(question_messages(job.question), user_id=job.user_id,
+                                       mode=job.mode, facts=list(job.facts),
+                                       max_tokens=self.max_tokens)
 
     def _record(self, job: _Job, result: ChatResult, *, concurrent: bool) -> None:
         question, answer = job.question, result.text.strip()

@@ -80,6 +80,7 @@ def test_a_question_s_paths_span_the_injected_kv_to_the_text_path(plain, tiny_mo
     add up."""
     from transformers import AutoTokenizer
 
+    from inferscale_memory.bench.locomo import question_messages
     from inferscale_memory.bench.locomo_dataset import LocomoQuestion
 
     _, model, builder = plain
@@ -94,8 +95,10 @@ def test_a_question_s_paths_span_the_injected_kv_to_the_text_path(plain, tiny_mo
     assert row["kl"]["t0+d100%"] < 1e-6 and row["same"]["t0+d100%"]
     assert row["kl"]["t0"] > 1e-4
     assert row["f1"]["t4"] == row["f1"]["text"]
-    layout = builder.build([{"role": "user", "content": question.question}],
+    # the prompt bench locomo asks the engine (its answer instruction included)
+    layout = builder.build(question_messages(question),
                            [(str(i), FACTS[i]) for i in (0, 1, 2, 3)])
+    assert row["prompt_tokens"] == len(layout.token_ids)
     spans, total = layout.fact_spans, len(layout.token_ids)
     injected = spans[-1][1] - layout.header_end  # tokens of the 3 facts before the tail
     assert row["computed"]["t4"] == total - layout.header_end
