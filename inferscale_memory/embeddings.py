@@ -21,7 +21,8 @@ import importlib.util
 import json
 import os
 import threading
-from collections.abc import Iterator, Sequence
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -102,7 +103,8 @@ def minilm_folder() -> Path:
 
 
 class MiniLMEmbedder:
-    """Mean-pooled, L2-normalised BERT sentence embeddings on CPU; thread-safe.
+    """Mean-pooled, L2-normalised BERT sentence embeddings on CPU; thread-safe, and the
+    calls of several threads at once are embedded together (:class:`Coalescer`).
 
     Attributes:
         dim: Embedding length (384 for all-MiniLM-L6-v2).
@@ -144,7 +146,6 @@ class MiniLMEmbedder:
         self.name = "all-MiniLM-L6-v2" if path is None else folder.name
         self._batch_size = batch_size
         self._max_length = max_length
-        self._lock = threading.Lock()
         self._torch = torch
         self._tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
         with _no_progress_bar():  # transformers' "Loading weights" bar, on every start
@@ -152,6 +153,7 @@ class MiniLMEmbedder:
                 folder, dtype=torch.float32, local_files_only=True
             ).eval()
         self.dim: int = int(self._model.config.hidden_size)
+        self._coalescer = Coalescer(self._forward, batch_size)
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         """Embed ``texts``.
@@ -172,9 +174,13 @@ class MiniLMEmbedder:
             raise InvalidInputError("embed() takes strings only")
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
+        return self._coalescer(texts)
+
+    def _forward(self, texts: list[str]) -> np.ndarray:
+        """The rows of ``texts``, ``batch_size`` texts per forward pass."""
         torch = self._torch
         out = []
-        with self._lock, torch.inference_mode():
+        with torch.inference_mode():
             for start in range(0, len(texts), self._batch_size):
                 batch = self._tokenizer(
                     texts[start : start + self._batch_size],
@@ -188,6 +194,105 @@ class MiniLMEmbedder:
                 pooled = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
                 out.append(torch.nn.functional.normalize(pooled, p=2, dim=1).numpy())
         return np.concatenate(out).astype(np.float32, copy=False)
+
+
+class _Call:
+    """One :meth:`MiniLMEmbedder.embed` call waiting for its rows."""
+
+    __slots__ = ("texts", "rows", "error", "done")
+
+    def __init__(self, texts: list[str]) -> None:
+        self.texts = texts
+        self.rows: np.ndarray | None = None
+        self.error: BaseException | None = None
+        self.done = False
+
+    def finish(self, rows: np.ndarray | None = None, error: BaseException | None = None) -> None:
+        self.rows, self.error, self.done = rows, error, True
+
+
+class Coalescer:
+    """Runs ``forward`` once for the texts of every call waiting at once.
+
+    Each chat with memory embeds its question (on a thread of the event loop's executor).
+    With one forward at a time and one call per forward, 64 chats at once queued for 64
+    forwards (1.3 s on a 2-core CPU, where one forward of all 64 questions takes 0.5 s).
+    Here the caller that finds no forward running takes the calls waiting, in arrival
+    order, up to ``batch_size`` texts (always at least one call), runs them as one batch
+    and hands each caller its rows; the others wait meanwhile and then run the next batch.
+    A lone call is a batch of its own, computed exactly as before; rows computed in a
+    batch with other texts differ from those computed alone by rounding only (~1e-7, as
+    padding within a batch of facts already makes them). A batch that fails runs again
+    call by call, so a call that fails fails alone.
+
+        >>> import numpy as np
+        >>> seen = []
+        >>> twice = Coalescer(lambda texts: seen.append(texts) or np.ones((len(texts), 2)), 8)
+        >>> twice(["a", "b"]).shape, seen
+        ((2, 2), [['a', 'b']])
+    """
+
+    def __init__(self, forward: Callable[[list[str]], np.ndarray], batch_size: int) -> None:
+        self._forward = forward
+        self._batch_size = batch_size
+        self._changed = threading.Condition()
+        self._waiting: deque[_Call] = deque()
+        self._running = False
+
+    def __call__(self, texts: list[str]) -> np.ndarray:
+        call = _Call(texts)
+        with self._changed:
+            self._waiting.append(call)
+        while True:
+            with self._changed:
+                while self._running and not call.done:
+                    self._changed.wait()
+                if call.done:
+                    break
+                self._running = True
+                batch = self._take()
+            try:
+                self._run(batch)
+            finally:
+                with self._changed:
+                    self._running = False
+                    self._changed.notify_all()
+        if call.error is not None:
+            raise call.error
+        assert call.rows is not None
+        return call.rows
+
+    def _take(self) -> list[_Call]:
+        batch = [self._waiting.popleft()]
+        texts = len(batch[0].texts)
+        while self._waiting and texts + len(self._waiting[0].texts) <= self._batch_size:
+            texts += len(self._waiting[0].texts)
+            batch.append(self._waiting.popleft())
+        return batch
+
+    def _run(self, batch: list[_Call]) -> None:
+        try:
+            try:
+                rows = self._forward([text for call in batch for text in call.texts])
+            except Exception as exc:
+                if len(batch) == 1:
+                    batch[0].finish(error=exc)
+                    return
+                for call in batch:  # each alone: only a call that fails by itself fails
+                    try:
+                        call.finish(self._forward(call.texts))
+                    except Exception as alone:
+                        call.finish(error=alone)
+                return
+            start = 0
+            for call in batch:
+                call.finish(rows[start : start + len(call.texts)])
+                start += len(call.texts)
+        except BaseException as exc:  # an interrupt: no caller of the batch waits forever
+            for call in batch:
+                if not call.done:
+                    call.finish(error=exc)
+            raise
 
 
 @functools.cache

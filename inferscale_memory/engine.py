@@ -40,6 +40,7 @@ from inferscale_memory.options import check_chat, check_given_facts
 from inferscale_memory.results import ChatChunk, ChatMetrics, ChatResult, KVStats
 from inferscale_memory.runtime import Completion, VllmRuntime, refusing_bad_schemas
 from inferscale_memory.store import Fact, MemoryStore, ScoredFact
+from inferscale_memory.store.threads import in_store_thread
 from inferscale_memory.tools import ToolStream
 
 logger = logging.getLogger(__name__)
@@ -371,10 +372,8 @@ class MemoryEngine:
     async def _retrieve(self, query: str, user_id: str | None, k: int) -> list[ScoredFact]:
         if user_id is None:
             return []
-        loop = asyncio.get_running_loop()
         try:
-            return await loop.run_in_executor(
-                None, lambda: self.store.search(query, user_id=user_id, k=k))
+            return await in_store_thread(self.store.search, query, user_id=user_id, k=k)
         except UnknownUserError:  # no facts yet: answered without memory, as with none left
             return []
 

@@ -9,8 +9,6 @@ store.
 
 from __future__ import annotations
 
-import asyncio
-import functools
 import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, overload
@@ -18,6 +16,7 @@ from typing import TYPE_CHECKING, Any, overload
 from inferscale_memory.errors import EngineClosedError, InvalidInputError, StoreError
 from inferscale_memory.layout import prompt_contexts
 from inferscale_memory.store import Fact, MemoryStore, ScoredFact
+from inferscale_memory.store.threads import in_store_thread
 
 if TYPE_CHECKING:
     from inferscale_memory.config import MemoryConfig
@@ -137,36 +136,31 @@ class EngineMemory:
         texts = [text] if isinstance(text, str) else self.store.check_texts(text)
         for item in texts:
             self._check_tokens(item)
-        added = await self._in_thread(self.store.add, text, user_id=user_id, metadata=metadata)
+        added = await in_store_thread(self.store.add, text, user_id=user_id, metadata=metadata)
         await self._capture_stored(user_id, [added] if isinstance(added, Fact) else added)
         return added
 
     async def _aupdate(self, fact_id: str, text: str, *, user_id: str,
                        metadata: dict[str, Any] | None = None) -> Fact:
         self._check_tokens(text)
-        fact = await self._in_thread(self.store.update, fact_id, text, user_id=user_id,
+        fact = await in_store_thread(self.store.update, fact_id, text, user_id=user_id,
                                      metadata=metadata)
         await self._capture_stored(user_id, [fact])
         return fact
 
     async def _adelete(self, fact_id: str, *, user_id: str) -> Fact:
-        fact = await self._in_thread(self.store.delete, fact_id, user_id=user_id)
+        fact = await in_store_thread(self.store.delete, fact_id, user_id=user_id)
         await self.fact_kv.evict_deleted(user_id, [fact.id])
         return fact
 
     async def _adelete_all(self, *, user_id: str) -> int:
-        facts = await self._in_thread(self.store.list, user_id=user_id)
-        count = await self._in_thread(self.store.delete_all, user_id=user_id)
+        facts = await in_store_thread(self.store.list, user_id=user_id)
+        count = await in_store_thread(self.store.delete_all, user_id=user_id)
         await self.fact_kv.evict_deleted(user_id, [fact.id for fact in facts])
         return count
 
     async def _asearch(self, query: str, *, user_id: str, k: int = 10) -> list[ScoredFact]:
-        return await self._in_thread(self.store.search, query, user_id=user_id, k=k)
-
-    @staticmethod
-    async def _in_thread(func: Any, *args: Any, **kwargs: Any) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(
-            None, functools.partial(func, *args, **kwargs))
+        return await in_store_thread(self.store.search, query, user_id=user_id, k=k)
 
     # -- fact KV ------------------------------------------------------------------------
 
@@ -198,7 +192,7 @@ class EngineMemory:
         if not wanted:
             return
         try:
-            if await self._in_thread(self.store.has_user, user_id):
+            if await in_store_thread(self.store.has_user, user_id):
                 await self.capture(user_id, wanted)
             else:
                 await self.fact_kv.capture(
@@ -226,7 +220,7 @@ class EngineMemory:
         count = self.config.capture_context
         if count == 0 or not facts:
             return {}
-        near = await self._in_thread(self.store.neighbours, facts, user_id=user_id, k=count)
+        near = await in_store_thread(self.store.neighbours, facts, user_id=user_id, k=count)
         return {fact.id: tuple(f.text for f in before)
                 for fact, before in zip(facts, near, strict=True)}
 

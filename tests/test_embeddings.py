@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -128,3 +130,75 @@ def test_missing_package_says_to_run_prepare_and_installs_nothing(
         embeddings.minilm_folder()
     with pytest.raises(MissingDependencyError, match="run `inferscale-memory prepare`"):
         MiniLMEmbedder()
+
+
+class GatedModel:
+    """The embedder's BERT model, counting its forwards; the first waits for ``gate``, and
+    a batch holding the word POISON fails, as a model that cannot embed a text would."""
+
+    def __init__(self, model, tokenizer) -> None:
+        self.model, self.tokenizer = model, tokenizer
+        self.batches: list[int] = []
+        self.entered, self.gate = threading.Event(), threading.Event()
+
+    def __call__(self, **batch):
+        if not self.batches:
+            self.entered.set()
+            assert self.gate.wait(60)
+        self.batches.append(len(batch["input_ids"]))
+        if any("poison" in self.tokenizer.decode(ids) for ids in batch["input_ids"]):
+            raise RuntimeError("this batch cannot be embedded")
+        return self.model(**batch)
+
+
+@pytest.fixture
+def gated(embedder: MiniLMEmbedder) -> tuple[MiniLMEmbedder, GatedModel]:
+    own = MiniLMEmbedder(embedder.path)
+    own._model = model = GatedModel(own._model, own._tokenizer)
+    return own, model
+
+
+def wait_for_callers(own: MiniLMEmbedder, count: int) -> None:
+    deadline = time.monotonic() + 60
+    while len(own._coalescer._waiting) < count and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(own._coalescer._waiting) == count
+
+
+def test_calls_waiting_at_once_are_embedded_in_one_forward(
+        embedder: MiniLMEmbedder, gated: tuple[MiniLMEmbedder, GatedModel]) -> None:
+    """64 chats at once embedded their questions one forward each, one after the other."""
+    own, model = gated
+    questions = [f"What did Caroline say about trip {i}?" for i in range(12)]
+    with ThreadPoolExecutor(max_workers=13) as pool:
+        first = pool.submit(own.embed, TEXTS)  # its forward waits for the gate
+        assert model.entered.wait(60)  # it is running, with nothing else waiting
+        later = [pool.submit(own.embed, [q]) for q in questions]
+        wait_for_callers(own, len(questions))
+        model.gate.set()
+        rows = [f.result(timeout=60) for f in later]
+    assert model.batches == [len(TEXTS), len(questions)]  # not 1 + 12 forwards
+    np.testing.assert_allclose(first.result(), embedder.embed(TEXTS), atol=1e-6)
+    for question, row in zip(questions, rows, strict=True):  # each caller its own rows
+        assert row.shape == (1, 384)
+        np.testing.assert_allclose(row, embedder.embed([question]), atol=1e-6)
+
+
+def test_a_call_that_fails_fails_alone(
+        embedder: MiniLMEmbedder, gated: tuple[MiniLMEmbedder, GatedModel]) -> None:
+    own, model = gated
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        first = pool.submit(own.embed, TEXTS[:1])
+        assert model.entered.wait(60)
+        good = pool.submit(own.embed, ["Where does Caroline live?"])
+        wait_for_callers(own, 1)
+        bad = pool.submit(own.embed, ["a poison text"])
+        wait_for_callers(own, 2)
+        model.gate.set()
+        np.testing.assert_allclose(good.result(timeout=60),
+                                   embedder.embed(["Where does Caroline live?"]), atol=1e-6)
+        with pytest.raises(RuntimeError, match="cannot be embedded"):
+            bad.result(timeout=60)
+        assert first.result(timeout=60).shape == (1, 384)
+    assert model.batches == [1, 2, 1, 1]  # together, then each alone
+    assert own.embed(["fine again"]).shape == (1, 384)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -14,6 +12,7 @@ from fastapi import Request
 from inferscale_memory.server.auth import ANONYMOUS, USER_HEADER, Principal, resolve_user
 from inferscale_memory.server.errors import APIError
 from inferscale_memory.server.metrics import ServerMetrics
+from inferscale_memory.store.threads import in_store_thread
 
 if TYPE_CHECKING:
     from inferscale_memory.engine import MemoryEngine
@@ -103,6 +102,5 @@ def user_header(request: Request) -> str | None:
 
 
 async def in_thread(func: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """Run a blocking call (a store read) in the loop's default executor."""
-    loop = asyncio.get_running_loop()
-    return await loop.run_in_executor(None, functools.partial(func, *args, **kwargs))
+    """Run a blocking call (a store read) on the store's threads."""
+    return await in_store_thread(func, *args, **kwargs)

@@ -15,7 +15,6 @@ user would publish user ids (and grow without bound with the users).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import time
@@ -26,6 +25,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from inferscale_memory.results import ChatMetrics
+from inferscale_memory.store.threads import in_store_thread
 
 if TYPE_CHECKING:
     from inferscale_memory.engine import MemoryEngine
@@ -108,8 +108,7 @@ class ServerMetrics:
         return generate_latest(self.registry)
 
     async def _refresh_store(self) -> None:
-        loop = asyncio.get_running_loop()
-        users, facts = await loop.run_in_executor(None, self._engine.store.counts)
+        users, facts = await in_store_thread(self._engine.store.counts)
         self.facts.set(facts)
         self.users.set(users)
 
