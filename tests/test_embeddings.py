@@ -134,7 +134,7 @@ def test_missing_package_says_to_run_prepare_and_installs_nothing(
 
 class GatedModel:
     """The embedder's BERT model, counting its forwards; the first waits for ``gate``, and
-    a batch holding the word POISON fails, as a model that cannot embed a text would."""
+    a batch holding the word "poison" fails, as a model that cannot embed a text would."""
 
     def __init__(self, model, tokenizer) -> None:
         self.model, self.tokenizer = model, tokenizer

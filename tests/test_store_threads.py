@@ -13,7 +13,7 @@ async def test_more_store_calls_wait_at_once_than_the_default_executor_has_threa
     """The loop's default executor has at most 32 threads (6 on 2 cores): the searches of
     64 chats reached the embedder 6 at a time, so it could not run them as one batch."""
     callers = 40  # above the default executor's 32 on any machine
-    assert STORE_THREADS >= callers
+    assert callers <= STORE_THREADS
     together = threading.Barrier(callers, timeout=30)  # broken unless all 40 wait at once
 
     def search() -> str:

@@ -3,21 +3,18 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from fastapi import Request
 
 from inferscale_memory.server.auth import ANONYMOUS, USER_HEADER, Principal, resolve_user
 from inferscale_memory.server.errors import APIError
 from inferscale_memory.server.metrics import ServerMetrics
-from inferscale_memory.store.threads import in_store_thread
 
 if TYPE_CHECKING:
     from inferscale_memory.engine import MemoryEngine
 
-T = TypeVar("T")
 MAX_TOKENS_LIMIT = 4096  # the server's default largest max_tokens
 
 
@@ -99,8 +96,3 @@ def user_header(request: Request) -> str | None:
         raise APIError(400, f"the {USER_HEADER} header is not UTF-8; send it as UTF-8, or "
                        "name the user in the body (user_id; user in chats)",
                        code="invalid_user_header") from None
-
-
-async def in_thread(func: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """Run a blocking call (a store read) on the store's threads."""
-    return await in_store_thread(func, *args, **kwargs)

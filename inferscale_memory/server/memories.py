@@ -13,7 +13,7 @@ from typing import Any
 from fastapi import APIRouter, Query, Request
 
 from inferscale_memory.errors import InvalidInputError
-from inferscale_memory.server.context import context, in_thread, request_user
+from inferscale_memory.server.context import context, request_user
 from inferscale_memory.server.errors import ErrorResponseDoc
 from inferscale_memory.server.memory_schemas import (
     AddMemoriesRequest,
@@ -26,6 +26,7 @@ from inferscale_memory.server.memory_schemas import (
     SearchMemoriesRequest,
     UpdateMemoryRequest,
 )
+from inferscale_memory.store.threads import in_store_thread
 
 logger = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1/memories", tags=["memories"], responses=ErrorResponseDoc)
@@ -59,7 +60,7 @@ async def add_memories(body: AddMemoriesRequest, request: Request) -> MemoryList
 async def list_memories(request: Request, user_id: str | None = UserQuery) -> MemoryList:
     """The user's facts, oldest first (404 for a user who never stored one)."""
     user = _user(request, user_id)
-    facts = await in_thread(context(request).engine.memory.list, user_id=user)
+    facts = await in_store_thread(context(request).engine.memory.list, user_id=user)
     return MemoryList(data=[Memory.of(fact) for fact in facts])
 
 
@@ -92,7 +93,7 @@ async def get_memory(memory_id: str, request: Request,
                      user_id: str | None = UserQuery) -> Memory:
     """One fact of the user (404 if it does not exist or is another user's)."""
     user = _user(request, user_id)
-    return Memory.of(await in_thread(context(request).engine.memory.get, memory_id,
+    return Memory.of(await in_store_thread(context(request).engine.memory.get, memory_id,
                                      user_id=user))
 
 
@@ -121,6 +122,6 @@ async def memory_history(memory_id: str, request: Request,
                          user_id: str | None = UserQuery) -> MemoryHistory:
     """The ADD / UPDATE / DELETE events of a fact (kept after its deletion)."""
     user = _user(request, user_id)
-    events: list[dict[str, Any]] = await in_thread(context(request).engine.memory.history,
+    events: list[dict[str, Any]] = await in_store_thread(context(request).engine.memory.history,
                                                    memory_id, user_id=user)
     return MemoryHistory(data=[MemoryEvent(**event) for event in events])

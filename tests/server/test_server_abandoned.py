@@ -49,7 +49,8 @@ def give_up_once_generating(server: ServerHandle, body: dict, engine: MemoryEngi
     with socket.create_connection((url.host, url.port), timeout=TIMEOUT) as sock:
         sock.sendall(head + payload)
         if stream:  # the server sends its headers with the engine's first token
-            assert sock.recv(4096).startswith(b"HTTP/1.1 200")
+            with sock.makefile("rb") as response:
+                assert response.readline().startswith(b"HTTP/1.1 200")
         assert wait_until(lambda: engine.runtime.unfinished_requests() > 0, TIMEOUT), \
             "vLLM never held the chat"
     # the socket is closed: the client went away while its chat was generating
