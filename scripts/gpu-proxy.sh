@@ -8,8 +8,9 @@
 #   sh scripts/gpu-proxy.sh deps WHEELS DATA      wheels into /tmp/pyd; DATA (the dataset and
 #                                                 retrieval.json) to /tmp/pxdata; the checkout
 #                                                 to /tmp/repo
-#   sh scripts/gpu-proxy.sh start LOG NAME        when LOG says MODEL OK, one run per k of
-#                                                 $K (10,20,50) with $VARIANTS
+#   sh scripts/gpu-proxy.sh start LOG NAME        when LOG says MODEL OK, $SHARDS runs (1) per
+#                                                 k of $K (10,20,50) with $VARIANTS, each with
+#                                                 its share of the questions (--shard)
 #   sh scripts/gpu-proxy.sh poll SECONDS          waits until every run ended (at most
 #                                                 SECONDS), then copies rows and logs to $OUT
 set -e
@@ -23,17 +24,23 @@ deps)
   ;;
 start)
   log=$2 name=$3
+  shards=${SHARDS:-1}
   for k in $(echo "${K:-10,20,50}" | tr , ' '); do
-    (setsid nohup sh -c "
-      until grep -q 'MODEL OK' $log 2>/dev/null; do sleep 2; done
-      model=\$(grep 'MODEL OK' $log | sed 's/MODEL OK \([^ ]*\).*/\1/')
-      cd /tmp/repo && PYTHONPATH=/tmp/repo:/tmp/pyd HF_HUB_OFFLINE=1 python3 \
-        scripts/recompute_proxy.py --model \$model --dataset /tmp/pxdata/locomo-dev.json \
-        --retrieval /tmp/pxdata/retrieval.json --k $k --variants '$VARIANTS' \
-        --out $runs/$name-k$k.jsonl > $runs/$name-k$k.log 2>&1
-      echo \"exit \$?\" >> $runs/$name-k$k.log; touch $runs/$name-k$k.done
-    " > /dev/null 2>&1 < /dev/null &)
-    touch $runs/$name-k$k.started
+    i=0
+    while [ "$i" -lt "$shards" ]; do
+      run=$runs/$name-k$k-s$i
+      (setsid nohup sh -c "
+        until grep -q 'MODEL OK' $log 2>/dev/null; do sleep 2; done
+        model=\$(grep 'MODEL OK' $log | sed 's/MODEL OK \([^ ]*\).*/\1/')
+        cd /tmp/repo && PYTHONPATH=/tmp/repo:/tmp/pyd HF_HUB_OFFLINE=1 python3 \
+          scripts/recompute_proxy.py --model \$model --dataset /tmp/pxdata/locomo-dev.json \
+          --retrieval /tmp/pxdata/retrieval.json --k $k --variants '$VARIANTS' \
+          --shard $i/$shards --out $run.jsonl > $run.log 2>&1
+        echo \"exit \$?\" >> $run.log; touch $run.done
+      " > /dev/null 2>&1 < /dev/null &)
+      touch $run.started
+      i=$((i + 1))
+    done
   done
   ;;
 poll)

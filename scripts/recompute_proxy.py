@@ -328,6 +328,28 @@ def questions_of(conv) -> list:
     return [q for q in conv.questions if q.category in (1, 2, 3, 4)]
 
 
+def questions_in_order(conversations: list, per_conversation: int,
+                       rng: random.Random) -> list[tuple[str, object]]:
+    """Every conversation's questions (``per_conversation`` of each, 0: all) in one shuffled
+    order: a run cut short still covers every conversation, so both halves of the set."""
+    jobs = []
+    for conv in conversations:
+        questions = questions_of(conv)
+        rng.shuffle(questions)
+        jobs += [(conv.sample_id, q) for q in questions[:per_conversation or None]]
+    rng.shuffle(jobs)
+    return jobs
+
+
+def shard(jobs: list, which: str) -> list:
+    """``which`` "I/N": the I-th of N interleaved shares of ``jobs`` (0-based), so N processes
+    with the same seed answer every question once between them; "0/1": all of them."""
+    index, _, count = which.partition("/")
+    if not (index.isdigit() and count.isdigit() and int(index) < int(count)):
+        raise SystemExit(f"--shard wants I/N with 0 <= I < N, not {which!r}")
+    return jobs[int(index)::int(count)]
+
+
 def retrieval(path: Path, conversations: list, context: int, k: int) -> dict:
     """Per conversation, each fact's capture context and each question's top ``k`` facts
     (best first), by the default embedder; computed once and kept in ``path``."""
@@ -369,6 +391,8 @@ def main() -> None:
     parser.add_argument("--answer-tokens", type=int, default=32)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--shard", default="0/1",
+                        help="I/N: this process's share of the questions (same --seed in all)")
     parser.add_argument("--out", help="rows, JSON lines (appended)")
     args = parser.parse_args()
     if args.summarize:
@@ -396,15 +420,11 @@ def main() -> None:
     stop = {t for t in (tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>"),
                         tokenizer.convert_tokens_to_ids("<|eot_id|>")) if isinstance(t, int)}
     started = time.monotonic()
-    captures, jobs = {}, []
-    for conv in conversations:  # every conversation's questions mixed: a run cut short
-        texts = [f.text for f in conv.facts("observations")]  # still covers both halves
-        captures[conv.sample_id] = Captures(model, builder, texts,
-                                            found[conv.sample_id]["contexts"])
-        questions = questions_of(conv)
-        rng.shuffle(questions)
-        jobs += [(conv.sample_id, q) for q in questions[:args.questions or None]]
-    rng.shuffle(jobs)
+    jobs = shard(questions_in_order(conversations, args.questions, rng), args.shard)
+    captures = {conv.sample_id: Captures(model, builder,  # computed as facts are asked for
+                                         [f.text for f in conv.facts("observations")],
+                                         found[conv.sample_id]["contexts"])
+                for conv in conversations}
     with Path(args.out).open("a") as out:
         for sample_id, question in jobs:
             mine = captures[sample_id]

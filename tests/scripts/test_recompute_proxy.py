@@ -114,3 +114,24 @@ def test_variants_name_their_tail_pick_and_budget() -> None:
     assert proxy.Variant.parse("t4").budget(200) == 0
     with pytest.raises(SystemExit, match="want tN"):
         proxy.Variant.parse("t4+x5")
+
+
+def test_shards_answer_every_question_once_between_them() -> None:
+    class Conv:
+        def __init__(self, sample_id: str, count: int) -> None:
+            self.sample_id = sample_id
+            self.questions = [type("Q", (), {"index": i, "category": 1 + i % 5})()
+                              for i in range(count)]
+
+    conversations = [Conv("a", 23), Conv("b", 17)]
+    whole = proxy.questions_in_order(conversations, 0, proxy.random.Random(0))
+    parts = [proxy.shard(proxy.questions_in_order(conversations, 0, proxy.random.Random(0)),
+                         f"{i}/3") for i in range(3)]
+    key = [(s, q.index) for s, q in whole]
+    assert sorted(key) == sorted((s, q.index) for part in parts for s, q in part)
+    assert len(key) == len(set(key)) == 19 + 14  # categories 1-4 only
+    assert {s for s, _ in parts[0]} == {"a", "b"}  # each share mixes the conversations
+    assert proxy.shard(whole, "0/1") == whole
+    for bad in ("3/3", "1", "x/2"):
+        with pytest.raises(SystemExit, match="--shard"):
+            proxy.shard(whole, bad)
