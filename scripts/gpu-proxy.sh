@@ -1,7 +1,8 @@
 #!/bin/sh
 # scripts/recompute_proxy.py on the GPU machine over the whole LoCoMo development set: one
-# background process per model and k (the plain model is bound by kernel launches, so
-# several share the GPU well). Needs only the image's torch and transformers, the wheels of
+# background process per model, group of k and shard (the plain model is bound by kernel
+# launches, so several share the GPU well; each holds its float32 weights and its
+# conversation's captures: ~17 GB for the 1.5B, so at most 4 of them on an 80 GB card). Needs only the image's torch and transformers, the wheels of
 # pydantic & co. (the package's imports) and nltk (LoCoMo's F1 stems with its Porter
 # stemmer; the image lacks it: `pip download --no-deps nltk` into WHEELS), and a model
 # folder (../shared/gpu/remote-model.sh).
@@ -9,10 +10,14 @@
 #                                                 retrieval.json) to /tmp/pxdata; the checkout
 #                                                 to /tmp/repo
 #   sh scripts/gpu-proxy.sh start LOG NAME        when LOG says MODEL OK, $SHARDS runs (1) per
-#                                                 k of $K (10,20,50) with $VARIANTS, each with
-#                                                 its share of the questions (--shard)
+#                                                 group of $K ("10 20 50": one run per k;
+#                                                 "10,20,50": one run for all three, its
+#                                                 captures shared) with $VARIANTS, each with
+#                                                 its share of the questions (--shard); a
+#                                                 run started again goes on where it ended
 #   sh scripts/gpu-proxy.sh poll SECONDS          waits until every run ended (at most
-#                                                 SECONDS), then copies rows and logs to $OUT
+#                                                 SECONDS), then copies rows and logs to
+#                                                 $OUT as rows.tgz (a call brings back few files)
 set -e
 runs=/tmp/px
 case "$1" in
@@ -25,17 +30,19 @@ deps)
 start)
   log=$2 name=$3
   shards=${SHARDS:-1}
-  for k in $(echo "${K:-10,20,50}" | tr , ' '); do
+  for k in ${K:-10 20 50}; do
     i=0
     while [ "$i" -lt "$shards" ]; do
-      run=$runs/$name-k$k-s$i
+      run=$runs/$name-k$(echo "$k" | tr , -)-s$i
+      rm -f "$run.done"
       (setsid nohup sh -c "
         until grep -q 'MODEL OK' $log 2>/dev/null; do sleep 2; done
         model=\$(grep 'MODEL OK' $log | sed 's/MODEL OK \([^ ]*\).*/\1/')
-        cd /tmp/repo && PYTHONPATH=/tmp/repo:/tmp/pyd HF_HUB_OFFLINE=1 python3 \
+        cd /tmp/repo && PYTHONPATH=/tmp/repo:/tmp/pyd HF_HUB_OFFLINE=1 \
+          PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python3 \
           scripts/recompute_proxy.py --model \$model --dataset /tmp/pxdata/locomo-dev.json \
           --retrieval /tmp/pxdata/retrieval.json --k $k --variants '$VARIANTS' \
-          --shard $i/$shards --out $run.jsonl > $run.log 2>&1
+          --shard $i/$shards --out $run.jsonl >> $run.log 2>&1
         echo \"exit \$?\" >> $run.log; touch $run.done
       " > /dev/null 2>&1 < /dev/null &)
       touch $run.started
@@ -55,6 +62,6 @@ poll)
     n=${s%.started}; printf '%s: %s rows %s\n' "${n##*/}" "$(wc -l < "$n.jsonl" 2>/dev/null || echo 0)" \
       "$([ -e "$n.done" ] && tail -1 "$n.log" || echo running)"
   done
-  cp $runs/*.jsonl $runs/*.log /tmp/model-*.log "$OUT"/ 2>/dev/null || true
+  (cd $runs && tar czf "$OUT/rows.tgz" *.jsonl *.log /tmp/model-*.log 2>/dev/null) || true
   ;;
 esac

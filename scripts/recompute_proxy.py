@@ -350,6 +350,25 @@ def shard(jobs: list, which: str) -> list:
     return jobs[int(index)::int(count)]
 
 
+def finished(out: Path) -> set[tuple[str, int, int]]:
+    """The (conversation, question, k) rows ``out`` already holds (none if it is missing),
+    so that a run started again with the same ``--out`` answers only the rest. A line cut
+    off by a killed process is not a row: it is dropped from the file, so the question is
+    answered again and the file stays JSON lines."""
+    if not out.exists():
+        return set()
+    lines = out.read_text().splitlines()
+    rows = []
+    for line in lines:
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    if len(rows) < len(lines):
+        out.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return {(r["conversation"], r["question"], r["k"]) for r in rows}
+
+
 def retrieval(path: Path, conversations: list, context: int, k: int) -> dict:
     """Per conversation, each fact's capture context and each question's top ``k`` facts
     (best first), by the default embedder; computed once and kept in ``path``."""
@@ -425,10 +444,13 @@ def main() -> None:
                                          [f.text for f in conv.facts("observations")],
                                          found[conv.sample_id]["contexts"])
                 for conv in conversations}
+    done = finished(Path(args.out))  # a run started again goes on where it ended
     with Path(args.out).open("a") as out:
         for sample_id, question in jobs:
             mine = captures[sample_id]
             for k in ks:
+                if (sample_id, question.index, k) in done:
+                    continue
                 ranked = found[sample_id]["ranked"][str(question.index)][:k]
                 row = run_question(model, tokenizer, builder, mine, ranked, question,
                                    mine.texts, k, variants, args.answer_tokens, stop, rng)

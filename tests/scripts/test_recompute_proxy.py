@@ -135,3 +135,14 @@ def test_shards_answer_every_question_once_between_them() -> None:
     for bad in ("3/3", "1", "x/2"):
         with pytest.raises(SystemExit, match="--shard"):
             proxy.shard(whole, bad)
+
+
+def test_a_run_started_again_answers_only_what_its_rows_lack(tmp_path: Path) -> None:
+    out = tmp_path / "rows.jsonl"
+    assert proxy.finished(out) == set()
+    rows = [{"conversation": "a", "question": 3, "k": 10, "f1": {}},
+            {"conversation": "b", "question": 3, "k": 20, "f1": {}}]
+    out.write_text("".join(proxy.json.dumps(r) + "\n" for r in rows)
+                   + '{"conversation": "a", "quest')  # the process was killed mid-line
+    assert proxy.finished(out) == {("a", 3, 10), ("b", 3, 20)}
+    assert [proxy.json.loads(line) for line in out.read_text().splitlines()] == rows
