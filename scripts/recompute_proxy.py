@@ -536,21 +536,23 @@ def run_question(model: PlainModel, tokenizer, builder: PromptBuilder, captures:
     return row
 
 
-def cell(rows: list[dict], name: str) -> str:
-    """``-1.2 (1.4)``: the variant's F1 - text in points and its paired 95% half-width."""
+def cell(rows: list[dict], name: str, reference: str = "text") -> str:
+    """``-1.2 (1.4)``: the variant's F1 - the reference's (the text path's) in points and
+    its paired 95% half-width."""
     if not rows:
         return "-"
-    diff, ci = paired_difference([r["f1"][name] for r in rows], [r["f1"]["text"] for r in rows])
+    diff, ci = paired_difference([r["f1"][name] for r in rows],
+                                 [r["f1"][reference] for r in rows])
     return f"{100 * diff:+.1f}" + ("" if math.isnan(ci) else f" ({100 * ci:.1f})")
 
 
 def summarize(rows: list[dict]) -> list[str]:
     """Per model and k, per variant: F1 - text on all rows and on each half of the set
-    (alternate conversations), the KL medians and their ratio to the first variant's, the
+    (alternate conversations), F1 - the first variant's, the KL medians and their ratio to the first variant's, the
     share of answers equal to the text path's, and the tokens computed."""
-    lines = ["| model | k | n | variant | F1 - text | half A | half B | KL median "
-             "| KL / first (median) | same answer | computed tokens |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| model | k | n | variant | F1 - text | half A | half B | F1 - first "
+             "| KL median | KL / first (median) | same answer | computed tokens |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     groups: dict[tuple[str, int], list[dict]] = defaultdict(list)
     for row in rows:
         groups[(row["model"], row["k"])].append(row)
@@ -562,13 +564,15 @@ def summarize(rows: list[dict]) -> list[str]:
         variants = list(group[0]["kl"])
         text_f1 = statistics.fmean(r["f1"]["text"] for r in group)
         lines.append(f"| {model} | {k} | {len(group)} | text (F1 {100 * text_f1:.1f}) "
-                     "| | | | | | | |")
+                     "| | | | | | | | |")
         for name in variants:
             ratio = statistics.median(r["kl"][name] / max(r["kl"][variants[0]], 1e-12)
                                       for r in group)
             lines.append(
                 f"| | | | {name} | {cell(group, name)} | {cell(half_a, name)} "
-                f"| {cell(half_b, name)} | {statistics.median(r['kl'][name] for r in group):.4f} "
+                f"| {cell(half_b, name)} "
+                f"| {cell(group, name, variants[0]) if name != variants[0] else ''} "
+                f"| {statistics.median(r['kl'][name] for r in group):.4f} "
                 f"| {ratio:.2f} | {statistics.fmean(r['same'][name] for r in group):.0%} "
                 f"| {statistics.fmean(r['computed'][name] for r in group):.0f} |")
     return lines
