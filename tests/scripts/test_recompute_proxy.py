@@ -146,3 +146,18 @@ def test_a_run_started_again_answers_only_what_its_rows_lack(tmp_path: Path) -> 
                    + '{"conversation": "a", "quest')  # the process was killed mid-line
     assert proxy.finished(out) == {("a", 3, 10), ("b", 3, 20)}
     assert [proxy.json.loads(line) for line in out.read_text().splitlines()] == rows
+
+
+def test_the_summary_sets_each_path_against_the_text_path_and_the_first_path() -> None:
+    def row(conversation: str, text: float, t4: float, t2: float) -> dict:
+        return {"model": "m", "k": 10, "conversation": conversation, "question": 0,
+                "f1": {"text": text, "t4": t4, "t2": t2}, "kl": {"t4": 0.2, "t2": 0.1},
+                "same": {"t4": True, "t2": False}, "computed": {"t4": 150, "t2": 90}}
+
+    rows = [row("a", 1.0, 0.5, 1.0), row("b", 0.0, 0.0, 0.5)]
+    t4, t2 = ([c.strip() for c in line.split("|")[4:11]]
+              for line in proxy.summarize(rows)[3:5])
+    # variant, F1 - text (its interval from two pairs), half A, half B, F1 - first, KL, ratio
+    assert t4[0] == "t4" and t4[1].startswith("-25.0 (") and t4[2:5] == ["-50.0", "+0.0", ""]
+    assert t2[0] == "t2" and t2[1].startswith("+25.0 (") and t2[2:4] == ["+0.0", "+50.0"]
+    assert t2[4] == "+50.0 (0.0)" and t2[6] == "0.50"  # against the first path, paired
