@@ -4,7 +4,9 @@ vLLM schedules waiting requests first come, first served. An ``add`` of hundreds
 sends a capture request per fact, and a chat sent just after waits behind every one of
 them: on the 2-core CPU, 200 captures of ~200 tokens are ~80 s of prefill. The gate lets
 captures in while the capture tokens in flight fit its budget (the engine keeps two steps'
-worth, :func:`capture_budget`, so its steps stay full of captures) and holds the rest
+worth, :func:`capture_budget`, so its steps stay full of captures, and no more than half
+the fact pool's free rows: a capture in flight holds its rows until it finishes, so
+captures beyond the pool would find no room and be dropped) and holds the rest
 back in the engine's own process, in arrival order, so a chat waits for at most that much
 capture work. A capture larger than the budget still goes, alone.
 
@@ -29,9 +31,13 @@ from collections.abc import AsyncIterator
 STEPS_IN_FLIGHT = 2  # scheduler steps' worth of capture tokens the engine may hold
 
 
-def capture_budget(max_num_batched_tokens: int) -> int:
-    """The gate's budget for an engine that computes ``max_num_batched_tokens`` a step."""
-    return STEPS_IN_FLIGHT * max(1, max_num_batched_tokens)
+def capture_budget(max_num_batched_tokens: int, pool_room: int | None = None) -> int:
+    """The gate's budget for an engine that computes ``max_num_batched_tokens`` a step,
+    with ``pool_room`` token rows of its fact pool not held by headers (``None``: a pool
+    without a budget). Half the room at most: the other half is for the facts that the
+    answers of a step load, which stay put while they are read."""
+    budget = STEPS_IN_FLIGHT * max(1, max_num_batched_tokens)
+    return budget if pool_room is None else max(1, min(budget, pool_room // 2))
 
 
 class CaptureGate:

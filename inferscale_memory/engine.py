@@ -94,10 +94,13 @@ class MemoryEngine:
             undo.callback(self.runtime.close)
             self.kv_stats = KVStats()
             step_tokens = self.runtime.engine_settings["max_num_batched_tokens"]
-            self.fact_kv = FactKV(self.runtime, self.builder, self.kv_stats,
-                                  CaptureGate(capture_budget(step_tokens)))
+            self.fact_kv = FactKV(self.runtime, self.builder, self.kv_stats)
             self.memory = EngineMemory(self.store, self.fact_kv, config)
             self.runtime.run(self.fact_kv.capture_header())
+            # The header's report gives the pool's budget and the rows the header holds.
+            stats = self.kv_stats
+            room = None if stats.budget_tokens is None else stats.budget_tokens - stats.pool_tokens
+            self.fact_kv.gate = CaptureGate(capture_budget(step_tokens, room))
             undo.pop_all()
         self._background: set[asyncio.Future[Any]] = set()
 

@@ -33,7 +33,8 @@ class FactKV:
     """Computes, keeps and drops the KV of facts in the engine.
 
     ``gate`` bounds the capture work the engine is asked for at once (the engine's:
-    two scheduler steps' worth, so that a chat never waits behind a whole big ``add``);
+    two scheduler steps' worth, within half the pool, so that a chat never waits behind a
+    whole big ``add`` and no capture in flight crowds another out of the pool);
     ``None`` sends every capture at once.
     """
 

@@ -119,8 +119,11 @@ async def test_no_budget_lets_every_capture_go_at_once() -> None:
     await asyncio.gather(*tasks)
 
 
-def test_the_budget_is_two_steps_and_must_be_positive() -> None:
+def test_the_budget_is_two_steps_within_half_the_pool_and_must_be_positive() -> None:
     assert capture_budget(8192) == 16_384 and capture_budget(0) == 2
+    assert capture_budget(8192, pool_room=10**6) == 16_384  # an ample pool: two steps
+    assert capture_budget(8192, pool_room=100) == 50  # a small one: half its free rows
+    assert capture_budget(8192, pool_room=1) == 1
     with pytest.raises(ValueError, match="budget_tokens"):
         CaptureGate(0)
 

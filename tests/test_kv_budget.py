@@ -45,8 +45,7 @@ def small_pool(tiny_model: Path,
 def test_ten_times_more_fact_kv_than_the_budget(small_pool: MemoryEngine) -> None:
     engine = small_pool
     texts = [f"{name} spends every Monday at the {thing}." for name in NAMES for thing in THINGS]
-    # Added a few at a time, as a user's facts arrive: captures in flight count against
-    # the budget, so a large batch into a pool this small would capture only a few.
+    # Added a few at a time, as a user's facts arrive (a big add: the last test).
     facts = [fact for i in range(0, len(texts), 3)
              for fact in engine.memory.add(texts[i:i + 3], user_id="budget")]
     stats = engine.kv_stats
@@ -115,3 +114,24 @@ def test_a_delete_shows_in_the_pool_at_once(small_pool: MemoryEngine) -> None:
     engine.memory.delete(fact.id, user_id="budget-delete")
     assert engine.kv_stats.pool_tokens == before - len(engine.builder.fact_ids(fact.text))
     assert engine.kv_stats.deleted == deleted + 1
+
+
+def test_a_big_add_into_a_small_pool_captures_every_fact(small_pool: MemoryEngine) -> None:
+    """Issue 28, item 5 ("big adds into a small pool drop captures"): the captures of one
+    add went to the engine together, up to the gate's two scheduler steps of tokens, and
+    those in flight reserve their rows: once they filled the pool, the rest were not
+    captured at all (recomputed at every answer naming them). The gate keeps the captures
+    in flight within the pool, so each one makes room as it arrives, least recently used
+    facts first, and the newest facts are the ones the pool holds."""
+    engine = small_pool
+    texts = [f"{name} repairs clocks in the {thing}." for name in NAMES for thing in THINGS[:2]]
+    before = engine.kv_stats.captured
+    sizes = [len(engine.builder.fact_ids(text)) for text in texts]
+    assert sum(sizes) > 2 * engine.kv_stats.budget_tokens  # the add is twice the pool
+    facts = engine.memory.add(texts, user_id="budget-batch")
+    assert engine.kv_stats.captured - before == len(facts)
+    assert engine.kv_stats.pool_tokens <= engine.kv_stats.budget_tokens
+    newest = facts[-1]
+    question = [{"role": "user", "content": f"What does {newest.text.split()[0]} repair?"}]
+    answer = engine.answer(question, [newest], mode="kv", user_id="budget-batch", max_tokens=1)
+    assert answer.metrics.injected_fact_ids == [newest.id]
