@@ -57,6 +57,7 @@ import torch
 
 from inferscale_memory.bench.locomo import question_messages
 from inferscale_memory.bench.locomo_dataset import load_locomo, select
+from inferscale_memory.bench.run_folder import json_lines
 from inferscale_memory.bench.scoring import locomo_f1
 from inferscale_memory.bench.stats import paired_difference
 from inferscale_memory.layout import PromptBuilder
@@ -355,16 +356,8 @@ def finished(out: Path) -> set[tuple[str, int, int]]:
     so that a run started again with the same ``--out`` answers only the rest. A line cut
     off by a killed process is not a row: it is dropped from the file, so the question is
     answered again and the file stays JSON lines."""
-    if not out.exists():
-        return set()
-    lines = out.read_text().splitlines()
-    rows = []
-    for line in lines:
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    if len(rows) < len(lines):
+    rows = json_lines(out)
+    if out.exists() and len(rows) < len(out.read_text().splitlines()):
         out.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return {(r["conversation"], r["question"], r["k"]) for r in rows}
 
@@ -548,8 +541,9 @@ def cell(rows: list[dict], name: str, reference: str = "text") -> str:
 
 def summarize(rows: list[dict]) -> list[str]:
     """Per model and k, per variant: F1 - text on all rows and on each half of the set
-    (alternate conversations), F1 - the first variant's, the KL medians and their ratio to the first variant's, the
-    share of answers equal to the text path's, and the tokens computed."""
+    (alternate conversations), F1 - the first variant's, the KL medians and their ratio
+    to the first variant's, the share of answers equal to the text path's, and the tokens
+    computed."""
     lines = ["| model | k | n | variant | F1 - text | half A | half B | F1 - first "
              "| KL median | KL / first (median) | same answer | computed tokens |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]

@@ -37,6 +37,22 @@ REPO = Path(__file__).resolve().parents[2]
 # Parameters recorded since a later version, with the value that runs recorded before had.
 PARAM_DEFAULTS = {"kv_cache_dtype": "auto"}
 
+
+def json_lines(path: Path) -> list[dict[str, Any]]:
+    """Every complete record of a JSON-lines file (none if it is missing; a line cut off
+    by a crash is skipped)."""
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        return []
+    rows = []
+    for line in lines:
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
+
 class RunFolder:
     """One run's folder; see the module docstring for its files."""
 
@@ -124,17 +140,7 @@ class RunFolder:
 
     def rows(self) -> list[dict[str, Any]]:
         """Every complete record (a line cut off by a crash is skipped)."""
-        try:
-            lines = (self.path / REQUESTS).read_text().splitlines()
-        except FileNotFoundError:
-            return []
-        rows = []
-        for line in lines:
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-        return rows
+        return json_lines(self.path / REQUESTS)
 
     def done(self, fields: tuple[str, ...]) -> set[tuple[Any, ...]]:
         """The keys (values of ``fields``) of the records already written."""
