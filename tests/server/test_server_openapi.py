@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import (
@@ -48,7 +48,7 @@ SCHEMA_USER = "srv-schema"
 WREN = ["Wren keeps bees.", "Wren's hives are on the roof.", "Wren sells honey on Fridays."]
 MAX_TOKENS = 4
 STEERED = "valid chat for the served model"
-EXAMPLES = 30  # per operation, valid and invalid requests together
+EXAMPLES = 15  # per operation and generation mode (valid requests, then invalid ones)
 CHECKS = [
     not_a_server_error,
     status_code_conformance,
@@ -156,39 +156,47 @@ def test_server_conforms_to_its_openapi_document(server: ServerHandle, model: st
     # schemathesis' pytest integration (schema.parametrize) does not run on pytest 9, so
     # each operation gets its own hypothesis run here; all failures are reported together.
     schema = schemathesis.openapi.from_url(f"{server.url}/openapi.json", timeout=60)
-    failures, operations, seen = {}, 0, Counter[tuple[str, int]]()
+    failures, operations, runs, seen = {}, 0, 0, Counter[tuple[str, int]]()
     refusals: list[str] = []
     for result in schema.get_all_operations():
         operation = result.ok()
         operations += 1
         # Fresh facts for each operation: an earlier one may have deleted them all.
         fact_ids = [f["id"] for f in add_facts(server, SCHEMA_USER, WREN)]
-        cases = st.one_of(
-            operation.as_strategy(GenerationMode.POSITIVE),
-            operation.as_strategy(GenerationMode.NEGATIVE),
-        )
+        # Valid and invalid requests are generated apart: drawn from one strategy, the
+        # valid ones were a few of each operation's examples, and how few changed with
+        # the tests that ran before (a lone run and the suite differed).
+        for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
 
-        @given(case=cases)
-        @settings(
-            max_examples=EXAMPLES,
-            deadline=None,
-            derandomize=True,
-            database=None,
-            suppress_health_check=list(HealthCheck),
-        )
-        def run(case: Any) -> None:
-            check_case(case, model, fact_ids, seen, refusals)  # noqa: B023 - run below
+            @given(case=operation.as_strategy(mode))
+            @settings(
+                max_examples=EXAMPLES,
+                deadline=None,
+                derandomize=True,
+                database=None,
+                suppress_health_check=list(HealthCheck),
+            )
+            def run(case: Any) -> None:
+                check_case(case, model, fact_ids, seen, refusals)  # noqa: B023 - run below
 
-        try:
-            run()
-        except Exception as exc:  # noqa: BLE001 - collected, reported below
-            failures[f"{operation.method.upper()} {operation.path}"] = f"{exc}"[:3000]
+            runs += 1
+            try:
+                run()
+            except Unsatisfiable:
+                # no invalid request exists (no parameters, or a path string any text
+                # fills): only the valid ones are sent
+                if mode != GenerationMode.NEGATIVE:
+                    raise
+                runs -= 1
+            except Exception as exc:  # noqa: BLE001 - collected, reported below
+                failures[f"{operation.method.upper()} {operation.path} ({mode.value})"] = (
+                    f"{type(exc).__name__}: {exc}"[:3000])
     print(sorted(seen.items()))
     # A failed check first: hypothesis then shrinks, which skews the counts below.
     assert not failures, "\n\n".join(f"{op}:\n{text}" for op, text in failures.items())
     # Operations without parameters have one possible request, sent once.
     sent = sum(n for (key, _), n in seen.items() if key != STEERED)
-    assert operations >= 12 and sent >= (operations - 3) * EXAMPLES
+    assert operations >= 12 and sent >= (runs - 3) * EXAMPLES
     # Answers, not only refusals: most valid chats for the served model are answered (how
     # many valid ones hypothesis draws differs between runs; some ask for what the server
     # refuses with a 400, such as logit_bias).
