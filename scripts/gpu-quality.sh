@@ -21,6 +21,8 @@
 # every k >= 10, or SETTINGS15. SEQUENTIAL: questions per conversation in the TTFT sample;
 # SYNTHETIC=0 skips `bench synthetic`. SIZES: the models in the order they run (default
 # "0.5b 1.5b"; "1.5b 0.5b" needs SETTINGS15, since the pick reads the 0.5B's results).
+# PARALLEL=1 runs the models' sweeps at once, each engine with GPU_SHARE (default 0.4) of
+# the GPU's memory (needs SETTINGS15).
 set -uo pipefail
 Q=${QUALITY_DIR:-/tmp/quality} STAGE=${VLLM_STAGE:-/tmp/vllm-stage} MODELS=${MODELS_DIR:-/tmp}
 REPO=${REPO_COPY:-/tmp/repo}
@@ -60,10 +62,13 @@ run)
   log "installed"
   export PYTHONPATH=$SITE:$REPO VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 \
     VLLM_NO_USAGE_STATS=1 VLLM_LOGGING_LEVEL=WARNING PYTHONUNBUFFERED=1
-  for size in $SIZES; do
+  # sweep SIZE: that model's sweep (the 1.5B's settings picked from the 0.5B's results
+  # unless SETTINGS15 names them).
+  sweep() {
+    local size=$1 model ks settings picked rc
     wait_model $MODELS/model-$size 900
     if [ ! -e $MODELS/model-$size/model.ok ]; then
-      fail "no $size model ($MODELS/model-$size/model.log)"; continue; fi
+      fail "no $size model ($MODELS/model-$size/model.log)"; return; fi
     model=$(cat $MODELS/model-$size/model.ok)
     if [ $size = 0.5b ]; then ks=$K05; settings=$SETTINGS05; else
       ks=$K15 settings=$SETTINGS15
@@ -82,7 +87,16 @@ run)
     log "sweep $size rc=$rc"
     [ $rc = 0 ] || { tail -n 20 $Q/sweep-$size.log; fail "sweep $size rc=$rc (sweep-$size.log)"; }
     grep -a '^|' $Q/sweep-$size.log | sort -u | tail -n 40
-  done
+  }
+  if [ "${PARALLEL:-0}" = 1 ]; then
+    # Every model's engine at once, each with GPU_SHARE of the device's memory.
+    export INFERSCALE_GPU_MEMORY_UTILIZATION=${GPU_SHARE:-0.4}
+    for size in $SIZES; do sweep $size & done
+    wait
+    unset INFERSCALE_GPU_MEMORY_UTILIZATION
+  else
+    for size in $SIZES; do sweep $size; done
+  fi
   if [ "${SYNTHETIC:-1}" = 0 ]; then touch $Q/done; [ ! -e $Q/failed ]; exit; fi
   log "synthetic"
   timeout 300 python3 -m inferscale_memory.cli bench synthetic --shape llama-3.1-8b \

@@ -2,8 +2,9 @@
 
 ``inferscale-memory bench locomo`` starts an engine per run; on a slow CPU the start
 (model load, compile) costs minutes, so this runs ``bench_locomo`` once per lever setting
-on one engine. A setting with ``recompute_tail`` or ``capture_context`` reuses the text
-path of the baseline (tail 0, context 0) with the same ``fact_order``, which runs first.
+on one engine. The text path's prompt depends on ``fact_order`` alone, so only the first
+setting of each order answers it (baselines, tail 0 and context 0, run first) and the later
+settings of that order reuse its text records.
 
     python scripts/quality_sweep.py --dataset locomo-dev.json --conversations 0 --limit 20 \\
         --k 5,10,20 --out runs/quality base=rank,0,0 tail2=rank,2,0 time=time,0,0 \\
@@ -73,11 +74,11 @@ def main() -> None:
     from inferscale_memory.bench.commands import bench_locomo
     from inferscale_memory.engine import MemoryEngine
 
-    # Baselines first: the other settings reuse their text path.
+    # Baselines first; each order's first run answers the text path the others reuse.
     order = sorted(settings, key=lambda n: not is_baseline(settings[n]))
-    baselines: dict[object, Path] = {}
+    text_runs: dict[object, Path] = {}
     if args.text_from is not None:
-        baselines[json.loads((args.text_from / "config.json").read_text())["params"][
+        text_runs[json.loads((args.text_from / "config.json").read_text())["params"][
             "fact_order"]] = args.text_from
     ks = [int(k) for k in args.k.split(",")]
     conversations = args.conversations.split(",") if args.conversations else None
@@ -87,15 +88,13 @@ def main() -> None:
         for name in order:
             levers = settings[name]
             engine.config = base_config.replace(**levers)
-            base = is_baseline(levers)
-            text_from = None if base else baselines.get(levers["fact_order"])
+            text_from = text_runs.get(levers["fact_order"])
             run = bench_locomo(engine, args.dataset, ks, limit=args.limit,
                                conversations=conversations, max_tokens=args.max_tokens,
                                out=args.out / name, resume=True, text_from=text_from,
                                progress=False, concurrency=args.concurrency,
                                sequential=args.sequential)
-            if base:
-                baselines[levers["fact_order"]] = run.path
+            text_runs.setdefault(levers["fact_order"], run.path)
             print(table(args.out, [name]), flush=True)
     print(table(args.out, order))
 
