@@ -66,11 +66,12 @@ def main() -> None:
             for k in ks:
                 prompt = ranked[:k][::-1]  # rank order: the best-ranked fact last
                 injected, tail = prompt[:k - args.tail], set(prompt[k - args.tail:])
+                retrieved = set(prompt)
                 rank, best, in_tail, anywhere = counts[k]
                 rank += before_counts(injected, near)
                 best += before_counts(greedy_order(injected, near), near)
                 in_tail += [len(near[f] & tail) for f in injected]
-                anywhere += [len(near[f] & set(prompt)) for f in injected]
+                anywhere += [len(near[f] & retrieved) for f in injected]
     print(f"| k | of {args.context} capture neighbours: before the fact, rank order | "
           "before it, best order found | in the tail | in the prompt |")
     print("|---|---|---|---|---|")

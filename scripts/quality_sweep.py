@@ -53,8 +53,8 @@ def main() -> None:
                              "reported)")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--text-from", type=Path, default=None, metavar="RUN_DIR",
-                        help="a finished baseline run (same fact order) whose text path the "
-                             "settings reuse instead of a baseline of their own")
+                        help="a finished run (same fact order) whose text path the settings "
+                             "reuse instead of answering it again")
     parser.add_argument("settings", nargs="+",
                         help="NAME=fact_order,recompute_tail,capture_context")
     parser.add_argument("--table-only", action="store_true",
