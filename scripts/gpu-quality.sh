@@ -3,7 +3,9 @@
 # LoCoMo dev set with the 0.5B model at every k, then the 1.5B model at k = 10 and 50, as one
 # background job, after ../shared/gpu/README.md has staged vLLM into /tmp/vllm-stage and the
 # models' parts into /tmp/model-0.5b and /tmp/model-1.5b (each converted by `gpu-quality.sh
-# model DIR`). Results land in /tmp/quality; `poll` copies them to $OUT.
+# model DIR`). Results land in /tmp/quality; `poll` copies them to $OUT, without the
+# questions' rows (LoCoMo text): each sweep's halves and evidence table (quality_analysis.py)
+# is made on the GPU machine, as analysis-SIZE.md.
 #
 #   bash scripts/gpu-quality.sh start        from the checkout's root (with .bundle/data)
 #   bash scripts/gpu-quality.sh model DIR    convert the model bundle in DIR, in the background
@@ -87,6 +89,13 @@ run)
     log "sweep $size rc=$rc"
     [ $rc = 0 ] || { tail -n 20 $Q/sweep-$size.log; fail "sweep $size rc=$rc (sweep-$size.log)"; }
     grep -a '^|' $Q/sweep-$size.log | sort -u | tail -n 40
+    # Halves and evidence need each question's rows (requests.jsonl), which hold LoCoMo
+    # text and never leave this machine: the table is made here, from them.
+    # shellcheck disable=SC2086
+    python3 scripts/quality_analysis.py --dataset $DATA --out $Q/q$size \
+      $(for s in $settings; do printf '%s ' "${s%%=*}"; done) > $Q/analysis-$size.md 2>&1 ||
+      fail "analysis $size rc=$? (analysis-$size.md)"
+    cat $Q/analysis-$size.md
   }
   if [ "${PARALLEL:-0}" = 1 ]; then
     # Every model's engine at once, each with GPU_SHARE of the device's memory.
@@ -114,6 +123,7 @@ poll)
   echo "== $(date +%T) waited ${t} s"
   tail -n 45 $Q/job.log 2>/dev/null
   for size in 0.5b 1.5b; do grep -a '^|' $Q/sweep-$size.log 2>/dev/null | tail -n 3; done
+  cat $Q/analysis-*.md 2>/dev/null
   status=0
   if [ -n "${OUT:-}" ]; then
     cp $Q/job.log $OUT/ 2>/dev/null
@@ -133,5 +143,5 @@ poll)
   exit $status
   ;;
 *)
-  sed -n '2,22p' "$0"; exit 2 ;;
+  sed -n '2,27p' "$0"; exit 2 ;;
 esac

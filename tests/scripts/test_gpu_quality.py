@@ -53,6 +53,12 @@ def test_a_clean_job_polls_zero(tmp_path: Path) -> None:
     assert "FAILED" not in done.stdout + done.stderr
     calls = (tmp_path / "calls").read_text()
     assert calls.count("--model") == 2 and "--pick" in calls and "bench synthetic" in calls
+    # each model's halves table, made on the GPU machine from its settings' run folders
+    analyses = [line for line in calls.splitlines() if "quality_analysis.py" in line]
+    assert len(analyses) == 2 and any(line.endswith("q0.5b base t4n4 t4n2 t4n1")
+                                      for line in analyses), analyses
+    assert any(line.endswith("q1.5b base t4 c16") for line in analyses), analyses
+    assert "| base | 10 | 0.5 |" in (tmp_path / "quality" / "analysis-1.5b.md").read_text()
 
 
 def test_a_failed_sweep_is_named_and_polls_non_zero(tmp_path: Path) -> None:
