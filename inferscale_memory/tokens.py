@@ -4,7 +4,8 @@ The text API (:class:`~inferscale_memory.MemoryEngine`) tokenizes facts and lays
 prompt itself. Code that drives the engine with token ids, such as ``bench synthetic``
 (random ids on a model shape with dummy weights) and tests of the injection path, builds
 its requests here instead, in the library's own layout: ``header | facts | question``,
-each fact captured right after the header, the header shared by every prompt.
+each fact captured after the header (and after the context facts a capture names, as the
+library's ``capture_context`` places them), the header shared by every prompt.
 
 A :class:`TokenRequest` goes to the engine's runtime as it is: ``control`` for a capture,
 ``complete``/``stream`` with ``params=`` for an answer (``params=None`` is the text path:
@@ -67,12 +68,22 @@ class TokenFacts:
         self.header_ids = _ids(header_ids, "header_ids")
         self._header = FactKey(SHARED_NS, f"header:{layout}")
 
-    def capture(self, fact_id: str, token_ids: Sequence[int]) -> TokenRequest:
-        """The request that computes and keeps the KV of the header and of one fact."""
+    def capture(self, fact_id: str, token_ids: Sequence[int],
+                context: Sequence[Sequence[int]] = ()) -> TokenRequest:
+        """The request that computes and keeps the KV of the header and of one fact.
+
+        ``context`` (other facts' token ids) goes between the header and the fact, as
+        :attr:`~inferscale_memory.MemoryConfig.capture_context` places a fact's most
+        similar facts: the fact attends to them, and only its own KV is kept.
+        """
         ids = _ids(token_ids, "a fact's token_ids")
-        h = len(self.header_ids)
-        spans = (Span(self._header, 0, h), Span(self._key(fact_id), h, h + len(ids)))
-        return TokenRequest(self.header_ids + ids,
+        prompt = list(self.header_ids)
+        for fact in context:
+            prompt += _ids(fact, "a context fact's token_ids")
+        start = len(prompt)
+        spans = (Span(self._header, 0, len(self.header_ids)),
+                 Span(self._key(fact_id), start, start + len(ids)))
+        return TokenRequest(prompt + ids,
                             RequestParams(self.user_id, self.layout, capture=spans))
 
     def prompt(self, facts: Sequence[tuple[str, Sequence[int]]], question: Sequence[int], *,

@@ -31,6 +31,16 @@ def test_a_capture_keeps_the_header_and_the_fact_where_they_are() -> None:
     assert request.token_ids[fact.start:fact.end] == [9, 8, 7]
 
 
+def test_a_capture_after_context_facts_keeps_only_the_header_and_the_fact() -> None:
+    request = TokenFacts("alice", HEADER).capture("f0", [9, 8], context=[[5, 5], [6]])
+    assert request.token_ids == HEADER + [5, 5, 6, 9, 8]
+    params = request.params
+    assert parse_params(params.to_dict(), len(request.token_ids)) == params
+    header, fact = params.capture  # the context's KV is not kept
+    assert (header.start, header.end) == (0, 4)
+    assert (fact.key.name, fact.start, fact.end) == ("f0", 7, 9)
+
+
 def test_a_prompt_names_the_header_and_the_first_facts_for_injection() -> None:
     facts = TokenFacts("alice", HEADER)
     request = facts.prompt([("a", [5, 5]), ("b", [6, 6, 6]), ("c", [7])], [0, 0], inject=2)
@@ -49,6 +59,8 @@ def test_a_prompt_names_the_header_and_the_first_facts_for_injection() -> None:
     lambda f: f.capture("f", []),
     lambda f: f.capture("f", [1, -2]),
     lambda f: f.capture("f", [1, True]),
+    lambda f: f.capture("f", [1], context=[[]]),
+    lambda f: f.capture("f", [1], context=[[2, -1]]),
     lambda f: f.prompt([("a", [1])], [2], inject=2),
     lambda f: f.prompt([("a", [1])], [2], inject=-1),
     lambda f: f.prompt([("a", [1])], ["x"]),

@@ -189,6 +189,9 @@ def _add_synthetic(workloads: Any) -> None:
     synthetic.add_argument("--tensor-parallel-size", type=int, default=1)
     synthetic.add_argument("--recompute-tail", type=int, default=None, metavar="R",
                            help="facts computed at the end on the KV path (default: config)")
+    synthetic.add_argument("--capture-context", type=int, default=None, metavar="N",
+                           help="also time captures after N held facts, as the library "
+                                "captures (default: config's capture_context; 0: skip)")
     synthetic.add_argument("--connector-timing", action="store_true",
                            help="log the connector's load steps and report their median time")
     synthetic.add_argument("--engine-args", type=json.loads, default={}, metavar="JSON",
@@ -291,7 +294,8 @@ def _synthetic(args: argparse.Namespace) -> int:
         workdir=args.workdir, connector_timing=args.connector_timing,
         gpu_memory_utilization=args.gpu_memory_utilization,
         tensor_parallel_size=args.tensor_parallel_size, recompute_tail=args.recompute_tail,
-        vllm_floor=args.vllm_floor, engine_args=args.engine_args)
+        capture_context=args.capture_context, vllm_floor=args.vllm_floor,
+        engine_args=args.engine_args)
     if args.kv_pool_gb is not None:
         options["kv_pool_gb"] = args.kv_pool_gb
     dtypes = args.kv_cache_dtype or [args.engine_args.get("kv_cache_dtype") or "auto"]

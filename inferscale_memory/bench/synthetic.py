@@ -62,18 +62,24 @@ class SyntheticWorkload:
     def _ids(self, n: int) -> list[int]:
         return [self._rng.randrange(10, self._vocab - 10) for _ in range(n)]
 
-    async def capture(self, count: int) -> float:
-        """Capture ``count`` new random facts concurrently; returns seconds taken."""
-        new = [self._ids(self.fact_len) for _ in range(count)]
-        first = len(self.facts)
-        self.facts.extend(new)
+    async def capture(self, count: int, context: int = 0) -> float:
+        """Capture ``count`` new random facts concurrently, each after ``context`` facts
+        captured before them (:meth:`capture_requests`); returns seconds taken."""
+        requests = self.capture_requests(count, context)
         start = time.perf_counter()
-        await asyncio.gather(*(self._capture_one(first + i) for i in range(count)))
+        await asyncio.gather(*(self.runtime.control(r.token_ids, r.params) for r in requests))
         return time.perf_counter() - start
 
-    async def _capture_one(self, index: int) -> None:
-        request = self.tokens.capture(str(index), self.facts[index])
-        await self.runtime.control(request.token_ids, request.params)
+    def capture_requests(self, count: int, context: int = 0) -> list[TokenRequest]:
+        """The capture requests of ``count`` new random facts. Each has ``context`` of the
+        facts held before them (random ones, in the order they were added; fewer while
+        fewer are held) between the header and itself, as the library's
+        ``capture_context`` places a fact's most similar facts."""
+        held = len(self.facts)
+        self.facts.extend(self._ids(self.fact_len) for _ in range(count))
+        return [self.tokens.capture(str(i), self.facts[i], [
+            self.facts[j] for j in sorted(self._rng.sample(range(held), min(context, held)))])
+            for i in range(held, held + count)]
 
     def prompt(self, fact_indices: list[int], question: list[int] | None = None
                ) -> TokenRequest:
@@ -223,8 +229,14 @@ async def measure_synthetic(work: SyntheticWorkload, shape: str, ks: list[int], 
                             concurrency: int, output_len: int, recompute_tail: int,
                             loads: LoadLog | None = None,
                             save: Callable[[dict[str, Any]], None] | None = None,
-                            details: dict[str, Any] | None = None) -> dict[str, Any]:
+                            details: dict[str, Any] | None = None,
+                            capture_context: int = 0) -> dict[str, Any]:
     """Capture rate, TTFT sweep and one-shot throughput on ``work``'s runtime.
+
+    Captures are timed right after the header (``capture_facts_per_s``: the fact's own
+    compute), and with ``capture_context`` > 0 once more, as many new facts each after
+    that many held ones (``capture_context_facts_per_s``: the library's capture at that
+    ``capture_context``).
 
     ``save`` gets the report after every measured point (the capture rate, each (k, trial)
     pair of the sweep, each path's throughput); ``complete`` is false until the last.
@@ -241,6 +253,9 @@ async def measure_synthetic(work: SyntheticWorkload, shape: str, ks: list[int], 
     await work.capture(WARMUP_CAPTURES)
     count = capture_count(ks, concurrency)
     point(capture_facts_per_s=count / await work.capture(count))
+    if capture_context:
+        point(capture_context=capture_context, capture_context_facts_per_s=count / await
+              work.capture(count, context=capture_context))
     for mode in ("kv", "text"):  # warm-up of both paths
         await work.run(work.prompt(work.sample(max(ks))), mode)
     if loads is not None:
@@ -257,7 +272,8 @@ async def measure_synthetic(work: SyntheticWorkload, shape: str, ks: list[int], 
 
 def run_synthetic(shape: str, ks: list[int], trials: int, concurrency: int, output_len: int,
                   workdir: Path, connector_timing: bool = False,
-                  recompute_tail: int | None = None, out: Path | None = None,
+                  recompute_tail: int | None = None, capture_context: int | None = None,
+                  out: Path | None = None,
                   vllm_floor: bool = True, kv_cache_dtype: str | None = None,
                   save: Callable[[dict[str, Any]], None] | None = None,
                   **config: Any) -> dict[str, Any]:
@@ -266,8 +282,9 @@ def run_synthetic(shape: str, ks: list[int], trials: int, concurrency: int, outp
 
     ``connector_timing`` logs the connector's load steps (synchronising the device after
     each, which costs a little TTFT) and reports their median time per k. The KV path
-    computes the tail of ``recompute_tail`` (default: the config's,
-    i.e. the default quality policy). ``out``: the report's JSON file, rewritten after
+    computes the tail of ``recompute_tail`` and captures are timed once more after
+    ``capture_context`` held facts (both by default the config's, i.e. the default quality
+    policy; see :func:`measure_synthetic`). ``out``: the report's JSON file, rewritten after
     every measured point (see :func:`measure_synthetic`), so a crash keeps what finished.
     ``vllm_floor`` then starts vLLM again with the same arguments and no connector and
     times header + question alone (:func:`measure_floor`). ``save``: instead of ``out``,
@@ -278,13 +295,16 @@ def run_synthetic(shape: str, ks: list[int], trials: int, concurrency: int, outp
     in ``config`` the pool gets room for every fact the run captures
     (:func:`workload_pool_gb`).
     """
-    tail = MemoryConfig.load().recompute_tail if recompute_tail is None else recompute_tail
+    defaults = MemoryConfig.load()
+    tail = defaults.recompute_tail if recompute_tail is None else recompute_tail
+    context = defaults.capture_context if capture_context is None else capture_context
+    captured = WARMUP_CAPTURES + capture_count(ks, concurrency) * (2 if context else 1)
     engine_args = dict(config.pop("engine_args", {}))
     kv_cache_dtype = kv_cache_dtype or engine_args.get("kv_cache_dtype") or "auto"
     config["engine_args"] = {**engine_args, "kv_cache_dtype": kv_cache_dtype}
     details = pool_details(shape, kv_cache_dtype, config.get("tensor_parallel_size", 1))
     config.setdefault("kv_pool_gb", workload_pool_gb(
-        details["pool"]["kv_bytes_per_token"], WARMUP_CAPTURES + capture_count(ks, concurrency)))
+        details["pool"]["kv_bytes_per_token"], captured))
     details["pool"]["kv_pool_gb"] = config["kv_pool_gb"]
     loads = None
     if connector_timing:  # the engine's processes inherit the variable
@@ -299,7 +319,8 @@ def run_synthetic(shape: str, ks: list[int], trials: int, concurrency: int, outp
         runtime = dummy_runtime(folder, **config)
         work = SyntheticWorkload(runtime, vocab, recompute_tail=tail)
         report = runtime.run(measure_synthetic(work, shape, ks, trials, concurrency,
-                                               output_len, tail, loads, save, details))
+                                               output_len, tail, loads, save, details,
+                                               context))
         report["environment"] = run_environment(runtime)
     finally:
         if runtime is not None:
@@ -385,8 +406,12 @@ def _cpu_model() -> str | None:
 
 def format_report(report: dict[str, Any]) -> str:
     """The report as Markdown: TTFT per k (cold and warm), throughput, and the floors."""
-    lines = [f"shape {report['shape']}: capture {report['capture_facts_per_s']:.0f} facts/s; "
-             f"the KV path computes a tail of {report.get('recompute_tail', 0)} facts",
+    context = ""
+    if "capture_context_facts_per_s" in report:
+        context = (f" right after the header, {report['capture_context_facts_per_s']:.0f} "
+                   f"after {report['capture_context']} context facts")
+    lines = [f"shape {report['shape']}: capture {report['capture_facts_per_s']:.0f} facts/s"
+             f"{context}; the KV path computes a tail of {report.get('recompute_tail', 0)} facts",
              *_pool_lines(report),
              "| k | text TTFT median (p90) ms | KV TTFT median (p90) ms | KV / text "
              "| warm: text / KV ms | KV / best text | connector load ms |",

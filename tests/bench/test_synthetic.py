@@ -133,6 +133,24 @@ def test_the_kv_path_injects_all_but_the_policys_tail() -> None:
         ("header:synthetic", 0, 4), ("2", 4, 7), ("0", 7, 10)]  # fact 1 is the tail
 
 
+def test_captures_with_context_follow_held_facts_in_the_order_they_were_added() -> None:
+    from inferscale_memory.bench.synthetic import SyntheticWorkload
+
+    work = SyntheticWorkload(None, vocab=1000, header_len=4, fact_len=3)  # type: ignore[arg-type]
+    first = work.capture_requests(2, context=4)  # nothing held yet: right after the header
+    assert [r.token_ids for r in first] == [work.header + work.facts[0],
+                                            work.header + work.facts[1]]
+    work.capture_requests(4)
+    for request in work.capture_requests(3, context=4):
+        header, fact = request.params.capture
+        index = int(fact.key.name)
+        assert index >= 6 and request.token_ids[fact.start:fact.end] == work.facts[index]
+        between = request.token_ids[header.end:fact.start]
+        chunks = [between[i:i + 3] for i in range(0, len(between), 3)]
+        context = [work.facts.index(chunk) for chunk in chunks]
+        assert len(context) == 4 and context == sorted(context) and max(context) < 6
+
+
 def test_the_report_compares_the_kv_path_with_both_floors() -> None:
     row = {"k": 0, "text_median_ms": 12.0, "text_p90_ms": 13.0, "kv_median_ms": 12.6,
            "kv_p90_ms": 13.0}
@@ -142,6 +160,9 @@ def test_the_report_compares_the_kv_path_with_both_floors() -> None:
                              "text": {"requests_per_s": 1.0}, "kv": {"requests_per_s": 6.0}},
               "vllm_floor": {"median_ms": 10.0, "p90_ms": 11.0, "trials": 10}}
     text = format_report(report)
+    assert "capture 100 facts/s; the KV path" in text
+    assert "capture 100 facts/s right after the header, 25 after 4 context facts" in \
+        format_report({**report, "capture_context": 4, "capture_context_facts_per_s": 25.0})
     assert "vLLM floor without the connector (header + question): 10.0 ms; " \
         "ours (text, k=0) 12.0 ms = 1.20x" in text
     assert "KV TTFT / our floor: k=0 1.05x, k=50 1.50x" in text
