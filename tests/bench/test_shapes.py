@@ -122,6 +122,8 @@ def test_the_command_line_takes_lists_of_shapes_and_kv_cache_dtypes() -> None:
     defaults = synthetic_args()
     assert (defaults.shape, defaults.kv_cache_dtype, defaults.kv_pool_gb) == (
         ["llama-3.1-8b"], None, None)  # None: engine_args' kv_cache_dtype, else auto
+    assert defaults.capture_context is None  # the config's, as --recompute-tail
+    assert synthetic_args("--capture-context", "0").capture_context == 0
     for bad in (["--kv-cache-dtype", "int8"], ["--shape", "llama-3.1-9b"]):
         with pytest.raises(SystemExit):
             synthetic_args(*bad)
