@@ -51,9 +51,11 @@ def run_sweep(shapes: list[str], kv_cache_dtypes: list[str], out: Path | None,
 
 
 def format_sweep(runs: list[dict[str, Any]], ks: list[int]) -> str:
-    """One Markdown row per run: pool facts per GiB (computed), capture rate, vLLM's floor,
-    median TTFT of both paths (cold) at each k, throughput of both paths."""
-    head = ("| shape | weights | KV cache | facts/GiB | captures/s | vLLM floor ms | "
+    """One Markdown row per run: pool facts per GiB (computed), capture rates (right after
+    the header, then after the run's context facts), vLLM's floor, median TTFT of both
+    paths (cold) at each k, throughput of both paths."""
+    head = ("| shape | weights | KV cache | facts/GiB | captures/s (with context) "
+            "| vLLM floor ms | "
             + " | ".join(f"k={k} text / KV ms" for k in ks)
             + " | req/s text / KV |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
@@ -69,8 +71,10 @@ def _row(run: dict[str, Any], ks: list[int]) -> str:
         first_line = run["error"].splitlines()[0]
         return "| " + " | ".join(cells) + f" | failed: {first_line} |"
     floor = run.get("vllm_floor")
-    cells += [f"{run['capture_facts_per_s']:.0f}" if "capture_facts_per_s" in run else "-",
-              f"{floor['median_ms']:.1f}" if floor else "-"]
+    captures = f"{run['capture_facts_per_s']:.0f}" if "capture_facts_per_s" in run else "-"
+    if "capture_context_facts_per_s" in run:
+        captures += f" ({run['capture_context_facts_per_s']:.0f})"
+    cells += [captures, f"{floor['median_ms']:.1f}" if floor else "-"]
     by_k = {row["k"]: row for row in run.get("ttft", [])}
     cells += [f"{by_k[k]['text_median_ms']:.1f} / {by_k[k]['kv_median_ms']:.1f}"
               if k in by_k else "-" for k in ks]

@@ -183,3 +183,6 @@ def test_a_failed_run_keeps_its_measured_points(tmp_path: Path) -> None:
         "ConfigError: engine died")
     assert runs[1]["complete"] is True and "error" not in runs[1]
     assert json.loads(out.read_text())["runs"] == runs
+    assert "| llama-tiny | bfloat16 | auto | 4,096 | 10 | - |" in format_sweep(runs, [])
+    with_context = {**runs[1], "capture_context": 4, "capture_context_facts_per_s": 3.0}
+    assert "| 10 (3) | - |" in format_sweep([with_context], [])
