@@ -77,9 +77,12 @@ class SyntheticWorkload:
         ``capture_context`` places a fact's most similar facts."""
         held = len(self.facts)
         self.facts.extend(self._ids(self.fact_len) for _ in range(count))
-        return [self.tokens.capture(str(i), self.facts[i], [
-            self.facts[j] for j in sorted(self._rng.sample(range(held), min(context, held)))])
-            for i in range(held, held + count)]
+        requests = []
+        for i in range(held, held + count):
+            picked = sorted(self._rng.sample(range(held), min(context, held)))
+            requests.append(self.tokens.capture(str(i), self.facts[i],
+                                                [self.facts[j] for j in picked]))
+        return requests
 
     def prompt(self, fact_indices: list[int], question: list[int] | None = None
                ) -> TokenRequest:
@@ -225,6 +228,12 @@ def capture_count(ks: list[int], concurrency: int) -> int:
     return max(200, max(ks) * 4, concurrency * 2)
 
 
+def captured_facts(ks: list[int], concurrency: int, capture_context: int) -> int:
+    """Facts :func:`measure_synthetic` captures in all: the warm-up, the timed batch, and
+    with ``capture_context`` as many again (timed after context facts)."""
+    return WARMUP_CAPTURES + capture_count(ks, concurrency) * (2 if capture_context else 1)
+
+
 async def measure_synthetic(work: SyntheticWorkload, shape: str, ks: list[int], trials: int,
                             concurrency: int, output_len: int, recompute_tail: int,
                             loads: LoadLog | None = None,
@@ -298,13 +307,12 @@ def run_synthetic(shape: str, ks: list[int], trials: int, concurrency: int, outp
     defaults = MemoryConfig.load()
     tail = defaults.recompute_tail if recompute_tail is None else recompute_tail
     context = defaults.capture_context if capture_context is None else capture_context
-    captured = WARMUP_CAPTURES + capture_count(ks, concurrency) * (2 if context else 1)
     engine_args = dict(config.pop("engine_args", {}))
     kv_cache_dtype = kv_cache_dtype or engine_args.get("kv_cache_dtype") or "auto"
     config["engine_args"] = {**engine_args, "kv_cache_dtype": kv_cache_dtype}
     details = pool_details(shape, kv_cache_dtype, config.get("tensor_parallel_size", 1))
     config.setdefault("kv_pool_gb", workload_pool_gb(
-        details["pool"]["kv_bytes_per_token"], captured))
+        details["pool"]["kv_bytes_per_token"], captured_facts(ks, concurrency, context)))
     details["pool"]["kv_pool_gb"] = config["kv_pool_gb"]
     loads = None
     if connector_timing:  # the engine's processes inherit the variable

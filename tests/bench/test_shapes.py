@@ -15,6 +15,7 @@ from inferscale_memory.bench.sweep import format_sweep, run_sweep
 from inferscale_memory.bench.synthetic import (
     WARMUP_CAPTURES,
     capture_count,
+    captured_facts,
     format_report,
     pool_details,
     run_synthetic,
@@ -85,11 +86,15 @@ def test_tensor_parallel_ranks_hold_their_share_of_kv_heads() -> None:
 
 def test_the_default_pool_holds_every_fact_the_run_captures() -> None:
     facts = WARMUP_CAPTURES + capture_count([0, 10, 50, 100], 64)
+    assert captured_facts([0, 10, 50, 100], 64, 0) == facts
+    # the default context's timed captures are as many facts again
+    assert captured_facts([0, 10, 50, 100], 64, 4) == facts + capture_count([0, 10, 50, 100], 64)
     for shape in SHAPES:
         for dtype in ("auto", "fp8"):
             token_bytes = pool_details(shape, dtype)["pool"]["kv_bytes_per_token"]
-            budget = workload_pool_gb(token_bytes, facts) * GIB
-            assert budget >= (facts * 32 + 32) * token_bytes  # no eviction during the run
+            for held in (facts, captured_facts([0, 10, 50, 100], 64, 4)):
+                budget = workload_pool_gb(token_bytes, held) * GIB
+                assert budget >= (held * 32 + 32) * token_bytes  # no eviction during the run
     # the 70B shape's bf16 KV outgrows the library's default pool (4 GiB)
     assert workload_pool_gb(327680, facts) == 5.0
 
