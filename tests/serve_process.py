@@ -2,18 +2,11 @@
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import threading
 
 import psutil
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def alive(process: psutil.Process) -> bool:
@@ -24,29 +17,41 @@ def alive(process: psutil.Process) -> bool:
 
 
 class ServeProcess:
-    """``inferscale-memory serve`` on a free port; its output (stdout and stderr) is
+    """``inferscale-memory serve`` on a port the system picks (``--port 0``: no other
+    process can take it between a choice and the bind); its output (stdout and stderr) is
     collected line by line, and :meth:`wait_ready` waits for its serving line."""
 
     def __init__(self, env: dict[str, str], **popen: object) -> None:
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "inferscale_memory.cli", "serve", "--port", str(free_port())],
+            [sys.executable, "-m", "inferscale_memory.cli", "serve", "--port", "0"],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             **popen)  # type: ignore[call-overload]
         self.output: list[str] = []
-        self._ready = threading.Event()
+        self.serving = False
+        self._ended = threading.Event()  # the serving line came, or the output ended
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
     def _read(self) -> None:
         assert self.process.stdout is not None
-        for line in self.process.stdout:
-            self.output.append(line)
-            if "serving" in line and "/v1" in line:
-                self._ready.set()
+        try:
+            for line in self.process.stdout:
+                self.output.append(line)
+                if "serving" in line and "/v1" in line:
+                    self.serving = True
+                    self._ended.set()
+        finally:
+            self._ended.set()
+
+    def settled(self) -> bool:
+        """Whether the serving line came or the server's output ended (it exited)."""
+        return self._ended.is_set()
 
     def wait_ready(self, timeout: float = 600) -> list[psutil.Process]:
-        """Wait for the serving line; return the server's child processes (vLLM's)."""
-        assert self._ready.wait(timeout), "".join(self.output[-40:])
+        """Wait for the serving line; return the server's child processes (vLLM's). A
+        server that exits first fails the wait at once."""
+        self._ended.wait(timeout)
+        assert self.serving, "".join(self.output[-40:])
         return psutil.Process(self.process.pid).children(recursive=True)
 
     def finish(self) -> None:

@@ -63,14 +63,14 @@ def test_engine_processes_end_when_the_server_is_killed_during_the_start(
     try:
         owner = psutil.Process(server.process.pid)
         deadline = time.monotonic() + 600
-        while time.monotonic() < deadline and not server._ready.is_set():
+        while time.monotonic() < deadline and not server.settled():
             with contextlib.suppress(psutil.Error):
                 for child in owner.children(recursive=True):
                     seen.setdefault(child.pid, child)
             if any(_is_worker(child, owner.pid) for child in seen.values()):
                 break  # the engine core's worker
             time.sleep(0.05)
-        assert not server._ready.is_set(), "the start ended before the kill: nothing tested"
+        assert not server.settled(), "the start ended before the kill: nothing tested"
         assert seen, "".join(server.output[-40:])
         server.process.send_signal(signal.SIGKILL)
         server.process.wait(30)

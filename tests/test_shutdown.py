@@ -14,6 +14,7 @@ import contextlib
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -211,6 +212,25 @@ def test_the_server_stops_on_a_signal_with_only_its_own_lines(programs: Programs
            or line.startswith("WARNING inferscale_memory.server.run: no API keys")]
     assert output and own == output, "".join(output)
     assert_gone(children)
+
+
+def test_a_port_in_use_fails_the_server_at_once_before_an_engine_starts(
+        programs: Programs) -> None:
+    # The port is bound before the engine starts: a taken one is a clear error in seconds,
+    # not a traceback after a minutes-long start, and no socket vLLM opens meanwhile can
+    # take the server's port (CI once lost a run so).
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        program = subprocess.run(
+            [sys.executable, "-m", "inferscale_memory.cli", "serve", "--port", str(port)],
+            env={**programs.env, "INFERSCALE_STORE_PATH": str(programs.tmp_path / "m.sqlite")},
+            capture_output=True, text=True, timeout=120, **programs.popen())
+    assert program.returncode == 2, program.stderr
+    assert f"error: cannot serve on 127.0.0.1:{port}" in program.stderr, program.stderr
+    assert "starting vLLM" not in program.stderr, program.stderr
+    assert not (programs.tmp_path / "m.sqlite").exists()  # nor was the store opened
 
 
 def test_an_engine_that_fails_to_start_leaves_no_process_and_closes_its_store(

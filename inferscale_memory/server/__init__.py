@@ -2,8 +2,9 @@
 
 :func:`create_app` builds the FastAPI app around an existing
 :class:`~inferscale_memory.MemoryEngine`; :func:`start_server` serves it on the engine's
-event loop; :func:`serve` is the ``inferscale-memory serve`` command. Needs the ``server``
-extra (FastAPI, uvicorn, prometheus-client).
+event loop (on a socket from :func:`bind`, if given); :func:`serve` is the
+``inferscale-memory serve`` command. Needs the ``server`` extra (FastAPI, uvicorn,
+prometheus-client).
 """
 
 from inferscale_memory.errors import MissingDependencyError
@@ -18,6 +19,6 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from inferscale_memory.server.app import create_app
 from inferscale_memory.server.auth import ApiKeys
-from inferscale_memory.server.run import ServerHandle, serve, start_server
+from inferscale_memory.server.run import ServerHandle, bind, serve, start_server
 
-__all__ = ["ApiKeys", "ServerHandle", "create_app", "serve", "start_server"]
+__all__ = ["ApiKeys", "ServerHandle", "bind", "create_app", "serve", "start_server"]

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import uvicorn
 
-from inferscale_memory.errors import EngineError
+from inferscale_memory.errors import ConfigError, EngineError
 from inferscale_memory.server.context import MAX_TOKENS_LIMIT
 
 if TYPE_CHECKING:
@@ -81,8 +81,8 @@ class ServerHandle:
 
 
 def start_server(app: FastAPI, engine: MemoryEngine, host: str = LOCALHOST, port: int = 0, *,
-                 graceful_timeout_s: int = 30, startup_timeout_s: float = 30.0,
-                 **uvicorn_options: Any) -> ServerHandle:
+                 sock: socket.socket | None = None, graceful_timeout_s: int = 30,
+                 startup_timeout_s: float = 30.0, **uvicorn_options: Any) -> ServerHandle:
     """Serve ``app`` on ``engine``'s event loop and return once it accepts connections.
 
     Args:
@@ -90,6 +90,8 @@ def start_server(app: FastAPI, engine: MemoryEngine, host: str = LOCALHOST, port
         engine: The engine whose loop runs the server.
         host: Address to bind.
         port: Port to bind; 0 picks a free one (see :attr:`ServerHandle.port`).
+        sock: A socket from :func:`bind` to serve on instead of binding ``host`` and
+            ``port`` (the server then owns it).
         graceful_timeout_s: How long in-flight requests may run on shutdown.
         startup_timeout_s: Longest wait for the server to start.
         **uvicorn_options: More :class:`uvicorn.Config` options (``limit_concurrency``...).
@@ -98,7 +100,8 @@ def start_server(app: FastAPI, engine: MemoryEngine, host: str = LOCALHOST, port
         OSError: The address cannot be bound.
         EngineError: The server did not start.
     """
-    sock = _bind(host, port)
+    if sock is None:
+        sock = bind(host, port)
     config = uvicorn.Config(app, lifespan="off", log_config=None, access_log=False,
                             timeout_graceful_shutdown=graceful_timeout_s, **uvicorn_options)
     server = uvicorn.Server(config)
@@ -131,7 +134,11 @@ def serve(model: str | None = None, host: str | None = None, port: int = 8000,
     """The ``serve`` command: build the engine, serve until a signal, shut down cleanly.
 
     Without API keys (``api_keys_path`` or ``$INFERSCALE_API_KEYS``) the server warns and
-    binds to 127.0.0.1 whatever ``host`` says.
+    binds to 127.0.0.1 whatever ``host`` says. The address is bound before the engine
+    starts.
+
+    Raises:
+        ConfigError: The address cannot be bound (a port in use, say); nothing was started.
     """
     from inferscale_memory.engine import MemoryEngine
     from inferscale_memory.server.app import create_app
@@ -146,10 +153,20 @@ def serve(model: str | None = None, host: str | None = None, port: int = 8000,
             host = LOCALHOST
         logger.warning("no API keys configured (--api-keys FILE or $INFERSCALE_API_KEYS): "
                        "every local client may read and write every user's memory")
-    engine = MemoryEngine(model, **engine_options)
+    # Bound before the engine's minutes-long start: a taken port fails at once, and no
+    # socket the engine opens meanwhile can take this one.
+    try:
+        sock = bind(host, port)
+    except OSError as exc:
+        raise ConfigError(f"cannot serve on {host}:{port}: {exc.strerror or exc}") from None
+    try:
+        engine = MemoryEngine(model, **engine_options)
+    except BaseException:
+        sock.close()
+        raise
     try:
         app = create_app(engine, keys, max_tokens_limit=max_tokens_limit)
-        handle = start_server(app, engine, host, port)
+        handle = start_server(app, engine, sock=sock)
         signalled = threading.Event()
 
         def on_signal(signum: int, frame: Any) -> None:
@@ -177,7 +194,12 @@ def serve(model: str | None = None, host: str | None = None, port: int = 8000,
         engine.close()
 
 
-def _bind(host: str, port: int) -> socket.socket:
+def bind(host: str, port: int) -> socket.socket:
+    """A listening, non-blocking socket on ``host``:``port`` for :func:`start_server`.
+
+    Raises:
+        OSError: The address cannot be bound (in use, not this machine's, no permission).
+    """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
