@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
+import time
 
 import psutil
 
@@ -49,8 +50,13 @@ class ServeProcess:
 
     def wait_ready(self, timeout: float = 600) -> list[psutil.Process]:
         """Wait for the serving line; return the server's child processes (vLLM's). A
-        server that exits first fails the wait at once."""
-        self._ended.wait(timeout)
+        server that exits first fails the wait at once (also when a process it started
+        still holds its output open)."""
+        deadline = time.monotonic() + timeout
+        while not self._ended.wait(0.2) and time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                self._reader.join(2)  # the lines it printed before it exited
+                break
         assert self.serving, "".join(self.output[-40:])
         return psutil.Process(self.process.pid).children(recursive=True)
 
