@@ -29,7 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--model", default=None, help="Hugging Face model folder")
     serve.add_argument("--host", default="127.0.0.1",
                        help="address to bind (127.0.0.1 whenever no API keys are set)")
-    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--port", type=int, default=8000,
+                       help="port to bind (0: one the system picks, named in the serving line)")
     serve.add_argument("--api-keys", type=Path, default=None, metavar="FILE",
                        help="JSON {key: [users] or \"*\"} (default: $INFERSCALE_API_KEYS)")
     serve.add_argument("--max-tokens-limit", type=int, default=None, metavar="N",

@@ -233,6 +233,23 @@ def test_a_port_in_use_fails_the_server_at_once_before_an_engine_starts(
     assert not (programs.tmp_path / "m.sqlite").exists()  # nor was the store opened
 
 
+@pytest.mark.parametrize(("host", "port"), [("127.0.0.1", 65536), ("127.0.0.1", -1),
+                                            ("no-such-host.invalid", 8000)])
+def test_an_address_that_cannot_be_bound_is_a_config_error_before_anything_starts(
+        host: str, port: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from inferscale_memory.errors import ConfigError
+    from inferscale_memory.server import serve
+
+    # A model that does not exist: reaching the engine would be another error.
+    monkeypatch.setenv("INFERSCALE_MODEL", str(tmp_path / "no-model"))
+    monkeypatch.setenv("INFERSCALE_STORE_PATH", str(tmp_path / "m.sqlite"))
+    api_keys = tmp_path / "keys.json"  # with keys the server binds the host it is given
+    api_keys.write_text('{"key-a": ["alice"]}')
+    with pytest.raises(ConfigError, match=f"cannot serve on {host}:{port}"):
+        serve(host=host, port=port, api_keys_path=api_keys)
+    assert not (tmp_path / "m.sqlite").exists()
+
+
 def test_an_engine_that_fails_to_start_leaves_no_process_and_closes_its_store(
         programs: Programs) -> None:
     # The vLLM engine and the store are opened before the header is captured; a failure

@@ -138,7 +138,8 @@ def serve(model: str | None = None, host: str | None = None, port: int = 8000,
     starts.
 
     Raises:
-        ConfigError: The address cannot be bound (a port in use, say); nothing was started.
+        ConfigError: The address cannot be bound (a port in use or outside 0-65535, a
+            host that does not resolve); nothing was started.
     """
     from inferscale_memory.engine import MemoryEngine
     from inferscale_memory.server.app import create_app
@@ -157,8 +158,9 @@ def serve(model: str | None = None, host: str | None = None, port: int = 8000,
     # socket the engine opens meanwhile can take this one.
     try:
         sock = bind(host, port)
-    except OSError as exc:
-        raise ConfigError(f"cannot serve on {host}:{port}: {exc.strerror or exc}") from None
+    except (OSError, OverflowError) as exc:  # OverflowError: a port outside 0-65535
+        raise ConfigError(f"cannot serve on {host}:{port}: "
+                          f"{getattr(exc, 'strerror', None) or exc}") from None
     try:
         engine = MemoryEngine(model, **engine_options)
     except BaseException:
@@ -199,6 +201,7 @@ def bind(host: str, port: int) -> socket.socket:
 
     Raises:
         OSError: The address cannot be bound (in use, not this machine's, no permission).
+        OverflowError: ``port`` is outside 0-65535.
     """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
