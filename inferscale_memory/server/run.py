@@ -161,39 +161,36 @@ def serve(model: str | None = None, host: str | None = None, port: int = 8000,
     except (OSError, OverflowError) as exc:  # OverflowError: a port outside 0-65535
         raise ConfigError(f"cannot serve on {host}:{port}: "
                           f"{getattr(exc, 'strerror', None) or exc}") from None
-    try:
+    with sock:  # closed on every way out (the server closes it too as it stops)
         engine = MemoryEngine(model, **engine_options)
-    except BaseException:
-        sock.close()
-        raise
-    try:
-        app = create_app(engine, keys, max_tokens_limit=max_tokens_limit)
-        handle = start_server(app, engine, sock=sock)
-        signalled = threading.Event()
-
-        def on_signal(signum: int, frame: Any) -> None:
-            if signalled.is_set():
-                logger.warning("second signal: stopping without waiting for requests")
-            else:
-                logger.info("stopping: waiting for in-flight requests (signal again to "
-                            "stop now)")
-            handle.request_stop(force=signalled.is_set())
-            signalled.set()
-
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                signal.signal(sig, on_signal)
-        # Printed once a signal stops the server in order (a supervisor may send one now).
-        print(f"inferscale-memory serving {engine.model_name} on {handle.url}/v1",
-              flush=True)
-        handle.wait()
-        logger.info("server stopped; finishing background recaptures, then the engine")
         try:
-            engine.wait_for_background(timeout=30)
-        except Exception:  # the facts are durable; missing KV is recomputed on next use
-            logger.exception("background recaptures did not finish")
-    finally:
-        engine.close()
+            app = create_app(engine, keys, max_tokens_limit=max_tokens_limit)
+            handle = start_server(app, engine, sock=sock)
+            signalled = threading.Event()
+
+            def on_signal(signum: int, frame: Any) -> None:
+                if signalled.is_set():
+                    logger.warning("second signal: stopping without waiting for requests")
+                else:
+                    logger.info("stopping: waiting for in-flight requests (signal again to "
+                                "stop now)")
+                handle.request_stop(force=signalled.is_set())
+                signalled.set()
+
+            if threading.current_thread() is threading.main_thread():
+                for sig in (signal.SIGINT, signal.SIGTERM):
+                    signal.signal(sig, on_signal)
+            # Printed once a signal stops the server in order (a supervisor may send one now).
+            print(f"inferscale-memory serving {engine.model_name} on {handle.url}/v1",
+                  flush=True)
+            handle.wait()
+            logger.info("server stopped; finishing background recaptures, then the engine")
+            try:
+                engine.wait_for_background(timeout=30)
+            except Exception:  # the facts are durable; missing KV is recomputed on next use
+                logger.exception("background recaptures did not finish")
+        finally:
+            engine.close()
 
 
 def bind(host: str, port: int) -> socket.socket:
