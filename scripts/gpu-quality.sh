@@ -10,6 +10,8 @@
 #   bash scripts/gpu-quality.sh start        from the checkout's root (with .bundle/data)
 #   bash scripts/gpu-quality.sh model DIR    convert the model bundle in DIR, in the background
 #   bash scripts/gpu-quality.sh poll [S]     wait up to S seconds (default 240) for the end
+#                                            (a sweep still running: its halves so far,
+#                                            partial-SIZE.md)
 #
 # The job goes on after a part fails (install, a model's conversion, a sweep, the 1.5B pick,
 # `bench synthetic`) and lists it in $Q/failed; `poll` of a finished job names those parts on
@@ -122,8 +124,18 @@ poll)
   while [ $t -lt "$w" ] && [ ! -e $Q/done ]; do sleep 2; t=$((t + 2)); done
   echo "== $(date +%T) waited ${t} s"
   tail -n 45 $Q/job.log 2>/dev/null
-  for size in 0.5b 1.5b; do grep -a '^|' $Q/sweep-$size.log 2>/dev/null | tail -n 3; done
-  cat $Q/analysis-*.md 2>/dev/null
+  for size in 0.5b 1.5b; do
+    grep -a '^|' $Q/sweep-$size.log 2>/dev/null | tail -n 3
+    # A sweep still running: its halves so far (the k it finished are whole), so that a
+    # machine taken back mid-run leaves them in the last poll's results.
+    if [ ! -e $Q/analysis-$size.md ] && [ -d $Q/q$size ]; then
+      names=$(cd $Q/q$size && for d in */; do [ -e "$d/requests.jsonl" ] && printf '%s ' "${d%/}"; done)
+      # shellcheck disable=SC2086
+      [ -n "$names" ] && PYTHONPATH=$SITE:$REPO python3 $REPO/scripts/quality_analysis.py \
+        --dataset $REPO/$DATA --out $Q/q$size $names > $Q/partial-$size.md 2>&1
+    fi
+  done
+  cat $Q/analysis-*.md $Q/partial-*.md 2>/dev/null
   status=0
   if [ -n "${OUT:-}" ]; then
     cp $Q/job.log $OUT/ 2>/dev/null

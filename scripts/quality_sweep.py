@@ -11,7 +11,9 @@ settings of that order reuse its text records.
         t4n16=rank,4,16 n8=rank,0,8
 
 Each setting writes its own run folder ``OUT/NAME`` (``bench report`` / ``bench compare``
-work on it); rerunning resumes.
+work on it); rerunning resumes. The k run one at a time, in the order given, every setting
+at one k before the next k: a run cut short holds whole cells of the first k, not part of
+every setting at every k.
 """
 
 from __future__ import annotations
@@ -85,17 +87,21 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp, MemoryEngine(
             args.model, store_path=str(Path(tmp) / "sweep.sqlite")) as engine:
         base_config = engine.config
-        for name in order:
-            levers = settings[name]
-            engine.config = base_config.replace(**levers)
-            text_from = text_runs.get(levers["fact_order"])
-            run = bench_locomo(engine, args.dataset, ks, limit=args.limit,
-                               conversations=conversations, max_tokens=args.max_tokens,
-                               out=args.out / name, resume=True, text_from=text_from,
-                               progress=False, concurrency=args.concurrency,
-                               sequential=args.sequential)
-            text_runs.setdefault(levers["fact_order"], run.path)
-            print(table(args.out, [name]), flush=True)
+        for done in range(1, len(ks) + 1):
+            for name in order:
+                levers = settings[name]
+                engine.config = base_config.replace(**levers)
+                text_from = text_runs.get(levers["fact_order"])
+                if text_from == args.out / name:  # the folder that answers the text path
+                    text_from = None
+                # the k so far: the folder resumes, and its summary covers every one
+                run = bench_locomo(engine, args.dataset, ks[:done], limit=args.limit,
+                                   conversations=conversations, max_tokens=args.max_tokens,
+                                   out=args.out / name, resume=True, text_from=text_from,
+                                   progress=False, concurrency=args.concurrency,
+                                   sequential=args.sequential)
+                text_runs.setdefault(levers["fact_order"], run.path)
+                print(table(args.out, [name]), flush=True)
     print(table(args.out, order))
 
 

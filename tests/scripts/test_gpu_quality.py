@@ -114,3 +114,21 @@ def test_poll_copies_the_results_to_out(tmp_path: Path) -> None:
                           env={**env, "OUT": str(tmp_path / "missing")},
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 1 and "packing" in done.stderr
+
+
+def test_poll_of_a_running_sweep_makes_its_halves_so_far(tmp_path: Path) -> None:
+    # a machine can be taken back mid-run: each poll leaves the finished k's halves
+    env = {**setup(tmp_path), "REPO_COPY": str(tmp_path / "repo")}
+    for name, rows in (("t4n4", True), ("t3n4", True), ("empty", False)):
+        folder = tmp_path / "quality" / "q1.5b" / name
+        folder.mkdir(parents=True)
+        if rows:
+            (folder / "requests.jsonl").write_text("{}\n")
+    done = subprocess.run(["bash", str(SCRIPT), "poll", "0"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "still running" in done.stdout
+    calls = (tmp_path / "calls").read_text().splitlines()
+    assert len(calls) == 1 and "quality_analysis.py" in calls[0], calls
+    assert calls[0].endswith("q1.5b t3n4 t4n4"), calls  # the folders with rows only
+    assert "| base | 10 | 0.5 |" in done.stdout  # the partial table is printed
+    assert (tmp_path / "quality" / "partial-1.5b.md").exists()
