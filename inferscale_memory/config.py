@@ -26,6 +26,7 @@ from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDic
 from inferscale_memory.errors import ConfigError
 from inferscale_memory.fields import (
     CaptureContext,
+    ContextOrder,
     FactCount,
     FactOrder,
     IndexBackend,
@@ -39,7 +40,7 @@ from inferscale_memory.schema_limits import merged_limits
 
 ENV_PREFIX = "INFERSCALE_"
 # The fields of the answer-quality policy (docs/quality.md).
-QUALITY_FIELDS = ("fact_order", "recompute_tail", "capture_context")
+QUALITY_FIELDS = ("fact_order", "recompute_tail", "capture_context", "capture_context_order")
 
 
 def _default_cache_dir() -> Path:
@@ -141,6 +142,10 @@ class MemoryConfig(BaseSettings):
             kept, but it has attended to them. ``0`` captures each fact right after the
             header. Costs capture tokens (and one vector search per captured fact),
             nothing at answer time.
+        capture_context_order: Order of a fact's capture context: ``"added"`` (oldest
+            first) or ``"similarity"`` (least similar first, so that the nearest fact sits
+            right before the fact, as the facts ranked just below a fact sit before it in
+            a rank-ordered prompt).
         schema_limits: Bounds on what one request may ask of guided decoding
             (``response_format`` schemas, tools), by name, over the defaults of
             :class:`~inferscale_memory.schema_limits.SchemaLimits`: ``schema_bytes``,
@@ -182,6 +187,7 @@ class MemoryConfig(BaseSettings):
     fact_order: FactOrder = "rank"
     recompute_tail: Annotated[RecomputeTail, _NUMBER] = 4
     capture_context: Annotated[CaptureContext, _NUMBER] = 4
+    capture_context_order: ContextOrder = "added"
     schema_limits: Annotated[dict[str, Annotated[Int, Field(ge=0)]],
                              AfterValidator(merged_limits)] = Field(
         default_factory=dict, validate_default=True)

@@ -22,6 +22,8 @@ from inferscale_memory.errors import InvalidInputError
 # -- memory: how an answer uses the user's facts ---------------------------------------------
 
 FactOrder = Literal["rank", "time"]  # best-ranked fact last, or oldest first
+# a capture context oldest first, or least similar first (the nearest fact right before the fact)
+ContextOrder = Literal["added", "similarity"]
 IndexBackend = Literal["exact", "qdrant", "hnsw"]
 StoreKind = Literal["sqlite", "postgres"]
 Mode = Literal["kv", "text"]  # inject the facts' KV, or prefill the same tokens as text

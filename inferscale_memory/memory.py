@@ -214,13 +214,15 @@ class EngineMemory:
     async def contexts(self, user_id: str, facts: Sequence[Fact]
                        ) -> dict[str, tuple[str, ...]]:
         """Per fact id, the texts of the facts that precede it in its capture prompt:
-        ``config.capture_context`` of the user's other facts most similar to it, in the
-        order they were added (:meth:`MemoryStore.neighbours`: by the facts' stored
-        embeddings, reading no more than the hits); ``{}`` when context capture is off."""
+        ``config.capture_context`` of the user's other facts most similar to it, in
+        ``config.capture_context_order`` (:meth:`MemoryStore.neighbours`: by the facts'
+        stored embeddings, reading no more than the hits); ``{}`` when context capture is
+        off."""
         count = self.config.capture_context
         if count == 0 or not facts:
             return {}
-        near = await in_store_thread(self.store.neighbours, facts, user_id=user_id, k=count)
+        near = await in_store_thread(self.store.neighbours, facts, user_id=user_id, k=count,
+                                     order=self.config.capture_context_order)
         return {fact.id: tuple(f.text for f in before)
                 for fact, before in zip(facts, near, strict=True)}
 

@@ -23,16 +23,19 @@ import json
 import tempfile
 from pathlib import Path
 
-FIELDS = ("fact_order", "recompute_tail", "capture_context")
-TYPES = (str, int, int)
+FIELDS = ("fact_order", "recompute_tail", "capture_context", "capture_context_order")
+TYPES = (str, int, int, str)
 
 
 def parse_setting(text: str) -> tuple[str, dict[str, object]]:
-    """``NAME=order,tail,context`` -> (NAME, the config fields)."""
+    """``NAME=order,tail,context[,context_order]`` -> (NAME, the config fields); the
+    context order defaults to the config's default (``added``)."""
     name, _, spec = text.partition("=")
     parts = spec.split(",")
+    if len(parts) == len(FIELDS) - 1:
+        parts.append("added")
     if len(parts) != len(FIELDS):
-        raise SystemExit(f"bad setting {text!r}: NAME=order,tail,context")
+        raise SystemExit(f"bad setting {text!r}: NAME=order,tail,context[,context_order]")
     return name, {f: kind(v) for f, kind, v in zip(FIELDS, TYPES, parts, strict=True)}
 
 
@@ -58,7 +61,8 @@ def main() -> None:
                         help="a finished run (same fact order) whose text path the settings "
                              "reuse instead of answering it again")
     parser.add_argument("settings", nargs="+",
-                        help="NAME=fact_order,recompute_tail,capture_context")
+                        help="NAME=fact_order,recompute_tail,capture_context"
+                             "[,capture_context_order]")
     parser.add_argument("--table-only", action="store_true",
                         help="print the table of the runs already in --out, run nothing")
     parser.add_argument("--pick", type=int, default=None, metavar="N",

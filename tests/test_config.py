@@ -94,6 +94,11 @@ def test_quality_levers_from_env_and_their_defaults(monkeypatch: pytest.MonkeyPa
     assert (config.fact_order, config.recompute_tail, config.capture_context) == ("time", 4, 3)
     with pytest.raises(ConfigError, match="recompute_tail"):
         MemoryConfig.load(recompute_tail=-2)
+    assert defaults.capture_context_order == "added"
+    monkeypatch.setenv("INFERSCALE_CAPTURE_CONTEXT_ORDER", "similarity")
+    assert MemoryConfig.load().capture_context_order == "similarity"
+    with pytest.raises(ConfigError, match="capture_context_order"):
+        MemoryConfig.load(capture_context_order="recent")
     # capture_context_from was measured and removed (docs/quality.md): a setting that
     # still names it is refused, not silently ignored.
     with pytest.raises(ConfigError, match="capture_context_from"):

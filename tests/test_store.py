@@ -202,6 +202,23 @@ def test_neighbours_are_the_nearest_other_facts_in_add_order_by_stored_embedding
         store.neighbours([facts[0]], user_id="caroline", k=0)
 
 
+def test_neighbours_in_similarity_order_put_the_nearest_fact_last(store):
+    """``order="similarity"``: the same neighbours as the add order, least similar first,
+    so that the nearest sits right before the fact in its capture prompt."""
+    facts = store.add(CAROLINE_FACTS, user_id="caroline")
+    by_added = store.neighbours(facts, user_id="caroline", k=3)
+    by_similarity = store.neighbours(facts, user_id="caroline", k=3, order="similarity")
+    for fact, added, near in zip(facts, by_added, by_similarity, strict=True):
+        hits = [h.fact for h in store.search(fact.text, user_id="caroline", k=4)]
+        want = [f for f in hits if f.id != fact.id][:3]
+        assert [f.id for f in near] == [f.id for f in reversed(want)]
+        assert {f.id for f in near} == {f.id for f in added}
+    assert any([f.id for f in a] != [f.id for f in b]
+               for a, b in zip(by_added, by_similarity, strict=True))
+    with pytest.raises(InvalidInputError):
+        store.neighbours(facts[:1], user_id="caroline", k=2, order="recent")
+
+
 def test_facts_read_by_id_cost_the_same_whatever_the_user_holds(tmp_path):
     """A search's hits (every chat's retrieval) and a capture's neighbours are read by
     primary key: SQLite's work for 5 ids, counted in virtual-machine steps (no clock), is

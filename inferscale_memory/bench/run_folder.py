@@ -35,7 +35,7 @@ CONFIG, REQUESTS, SUMMARY, REPORT = "config.json", "requests.jsonl", "summary.js
 REPO = Path(__file__).resolve().parents[2]
 
 # Parameters recorded since a later version, with the value that runs recorded before had.
-PARAM_DEFAULTS = {"kv_cache_dtype": "auto"}
+PARAM_DEFAULTS = {"kv_cache_dtype": "auto", "capture_context_order": "added"}
 
 
 def json_lines(path: Path) -> list[dict[str, Any]]:

@@ -34,6 +34,7 @@ from inferscale_memory.errors import (
     StoreError,
     UnknownUserError,
 )
+from inferscale_memory.fields import ContextOrder
 from inferscale_memory.store import _checks
 from inferscale_memory.store.backends import open_index
 from inferscale_memory.store.facts import Fact, ScoredFact
@@ -278,10 +279,11 @@ class MemoryStore:
                 hits, facts = self._search_once(user_id, vector, k)
         return [ScoredFact(facts[fid], score) for fid, score in hits if fid in facts]
 
-    def neighbours(self, facts: Sequence[Fact], *, user_id: str,
-                   k: int) -> builtins.list[builtins.list[Fact]]:
+    def neighbours(self, facts: Sequence[Fact], *, user_id: str, k: int,
+                   order: ContextOrder = "added") -> builtins.list[builtins.list[Fact]]:
         """Per fact of ``facts``, the ``k`` other facts of ``user_id`` most similar to it,
-        in the order they were added (by ``created_at``, then id).
+        in the order they were added (by ``created_at``, then id), or with ``order=
+        "similarity"`` least similar first (the nearest one last).
 
         A stored fact's own embedding is the query, so no text is embedded again; facts
         the store does not hold (another store's, e.g. Mem0's) are embedded, in one call.
@@ -289,10 +291,12 @@ class MemoryStore:
         facts the user holds beyond the index's own search.
 
         Raises:
-            InvalidInputError: Bad ``k``.
+            InvalidInputError: Bad ``k`` or ``order``.
             UnknownUserError: The user never stored a fact.
         """
         k = _checks.positive_int(k)
+        if order not in ("added", "similarity"):
+            raise InvalidInputError(f"order must be 'added' or 'similarity', not {order!r}")
         user_id = self._known_user(user_id)
         if not facts:
             return []
@@ -308,7 +312,8 @@ class MemoryStore:
                 self._open()
                 hits, found = self._search_once(user_id, stored[fact.id], k + 1)
             near = [found[fid] for fid, _ in hits if fid in found and fid != fact.id][:k]
-            out.append(sorted(near, key=lambda f: (f.created_at, f.id)))
+            out.append(near[::-1] if order == "similarity"
+                       else sorted(near, key=lambda f: (f.created_at, f.id)))
         return out
 
     def _search_once(self, user_id: str, vector: np.ndarray,
