@@ -317,12 +317,17 @@ class Variant:
         return min(self.amount, injected_tokens)
 
 
-def nearest_contexts(vectors: np.ndarray, count: int) -> list[list[int]]:
-    """Per fact, its ``count`` most similar facts (cosine), in the order they were added."""
+def nearest_contexts(vectors: np.ndarray, count: int,
+                     order: str = "added") -> list[list[int]]:
+    """Per fact, its ``count`` most similar facts (cosine), in the order they were added,
+    or (``order="similarity"``) least similar first, as the engine's
+    ``capture_context_order`` puts them."""
     sims = vectors @ vectors.T
     np.fill_diagonal(sims, -np.inf)
-    order = np.argsort(-sims, axis=1)[:, :count]
-    return [sorted(int(j) for j in row) for row in order]
+    nearest = np.argsort(-sims, axis=1, kind="stable")[:, :count]
+    if order == "similarity":
+        return [[int(j) for j in row[::-1]] for row in nearest]
+    return [sorted(int(j) for j in row) for row in nearest]
 
 
 def questions_of(conv) -> list:
@@ -383,9 +388,21 @@ def retrieval(path: Path, conversations: list, context: int, k: int) -> dict:
         queries = queries / np.linalg.norm(queries, axis=1, keepdims=True)
         ranked = {str(q.index): [int(i) for i in np.argsort(-(vectors @ v))[:k]]
                   for q, v in zip(asked, queries, strict=True)}
-        out[conv.sample_id] = {"contexts": nearest_contexts(vectors, context), "ranked": ranked}
+        out[conv.sample_id] = {"contexts": nearest_contexts(vectors, context),
+                               "contexts_similarity": nearest_contexts(
+                                   vectors, context, "similarity"),
+                               "ranked": ranked}
     path.write_text(json.dumps({"context": context, "k": k, "conversations": out}))
     return out
+
+
+def contexts_of(found: dict, order: str) -> list[list[int]]:
+    """A conversation's capture contexts in ``order`` from its retrieval record."""
+    key = "contexts_similarity" if order == "similarity" else "contexts"
+    if key not in found:
+        raise SystemExit("the retrieval file predates --context-order similarity: "
+                         "write it again (remove it)")
+    return found[key]
 
 
 def main() -> None:
@@ -400,6 +417,9 @@ def main() -> None:
     parser.add_argument("--k", default="10", help="comma-separated")
     parser.add_argument("--variants", default="t4,t4+d15%,t4+f15%,t4+r15%,t4+T15%")
     parser.add_argument("--context", type=int, default=4)
+    parser.add_argument("--context-order", choices=("added", "similarity"), default="added",
+                        help="the order of each fact's capture context (the engine's "
+                             "capture_context_order)")
     parser.add_argument("--answer-tokens", type=int, default=32)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--seed", type=int, default=0)
@@ -435,7 +455,8 @@ def main() -> None:
     jobs = shard(questions_in_order(conversations, args.questions, rng), args.shard)
     captures = {conv.sample_id: Captures(model, builder,  # computed as facts are asked for
                                          [f.text for f in conv.facts("observations")],
-                                         found[conv.sample_id]["contexts"])
+                                         contexts_of(found[conv.sample_id],
+                                                     args.context_order))
                 for conv in conversations}
     done = finished(Path(args.out))  # a run started again goes on where it ended
     with Path(args.out).open("a") as out:
