@@ -116,6 +116,24 @@ def test_variants_name_their_tail_pick_and_budget() -> None:
         proxy.Variant.parse("t4+x5")
 
 
+def test_capture_contexts_in_add_order_or_nearest_last() -> None:
+    """The proxy's contexts are the engine's (``capture_context_order``): the same nearest
+    facts, oldest first or least similar first."""
+    import numpy as np
+
+    vectors = np.array([[1.0, 0.0], [0.9, 0.1], [0.0, 1.0], [0.6, 0.4]])
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    # fact 2's nearest: 3, then 1; fact 0's: 1, then 3
+    assert proxy.nearest_contexts(vectors, 2)[2] == [1, 3]
+    assert proxy.nearest_contexts(vectors, 2, "similarity")[2] == [1, 3]
+    assert proxy.nearest_contexts(vectors, 2, "similarity")[0] == [3, 1]
+    assert proxy.nearest_contexts(vectors, 2)[0] == [1, 3]
+    found = {"contexts": [[1, 3]]}
+    assert proxy.contexts_of(found, "added") == [[1, 3]]
+    with pytest.raises(SystemExit, match="predates"):
+        proxy.contexts_of(found, "similarity")
+
+
 def test_shards_answer_every_question_once_between_them() -> None:
     class Conv:
         def __init__(self, sample_id: str, count: int) -> None:
