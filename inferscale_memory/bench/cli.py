@@ -87,6 +87,10 @@ def add_bench_parser(commands: Any) -> None:
     locomo.add_argument("--capture-context", type=int, default=None, metavar="N",
                         help="capture each fact after its N most similar facts "
                              "(default: the config's capture_context)")
+    locomo.add_argument("--capture-context-order", choices=("added", "similarity"),
+                        default=None,
+                        help="those facts oldest first, or least similar first "
+                             "(default: the config's capture_context_order)")
     locomo.add_argument("--concurrency", type=int, default=16,
                         help="requests in flight at once (1: every question alone)")
     locomo.add_argument("--sequential", type=int, default=3, metavar="Q",

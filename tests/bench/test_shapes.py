@@ -134,6 +134,23 @@ def test_the_command_line_takes_lists_of_shapes_and_kv_cache_dtypes() -> None:
             synthetic_args(*bad)
 
 
+def test_bench_locomo_takes_every_quality_field_of_the_config() -> None:
+    """Each field of QUALITY_FIELDS has its option (run_bench hands them to the engine
+    by name; None: the config's)."""
+    import argparse
+
+    from inferscale_memory.bench.cli import add_bench_parser
+    from inferscale_memory.config import QUALITY_FIELDS
+
+    parser = argparse.ArgumentParser()
+    add_bench_parser(parser.add_subparsers(dest="command"))
+    defaults = parser.parse_args(["bench", "locomo", "--dataset", "d.json"])
+    assert all(getattr(defaults, name) is None for name in QUALITY_FIELDS)
+    args = parser.parse_args(["bench", "locomo", "--dataset", "d.json",
+                              "--capture-context-order", "similarity"])
+    assert args.capture_context_order == "similarity"
+
+
 @pytest.mark.skipif(kv_cache_dtype_problem("int8") is None, reason="int8 is served now")
 def test_a_kv_cache_dtype_the_library_refuses_stops_the_run_before_vllm_starts(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
