@@ -152,7 +152,8 @@ class InferScaleVectorStore(VectorStoreBase):
 
         With the engine's ``capture_context`` = n > 0, each memory is captured after its n
         nearest memories of the same scope in this store (Mem0's users are not in the
-        engine's own store), in the order they were created.
+        engine's own store), in the order they were created, or least similar first with
+        ``capture_context_order="similarity"`` (as the engine's own store orders them).
         """
         contexts = {memory_id: self._neighbours(memory_id, payload, vector)
                     for memory_id, payload, vector in stored}
@@ -168,7 +169,9 @@ class InferScaleVectorStore(VectorStoreBase):
         hits = self.inner.search(query=payload["data"], vectors=vector, top_k=count + 1,
                                  filters=scope_ids(payload))
         near = [hit.payload for hit in hits if str(hit.id) != memory_id and hit.payload
-                and hit.payload.get("data")][:count]
+                and hit.payload.get("data")][:count]  # best first
+        if self.engine.config.capture_context_order == "similarity":
+            return tuple(p["data"] for p in reversed(near))
         return tuple(p["data"] for p in sorted(near, key=lambda p: str(p.get("created_at"))))
 
     def _evict(self, facts: Iterable[Fact]) -> None:

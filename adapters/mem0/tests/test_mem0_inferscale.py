@@ -217,6 +217,28 @@ def test_capture_context_comes_from_mem0s_own_store(memory: Memory, engine: Memo
     assert kv_is_missing(engine, user, dict(zip(ids, texts, strict=True))) == []
 
 
+def test_mem0s_capture_context_follows_the_engine_s_context_order(
+        memory: Memory, engine: MemoryEngine, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The same neighbours in either order: oldest first, or least similar first.
+    user = "m0-order"
+    texts = ["Ola sails a small boat on the fjord.", "Ola repaints her boat every spring.",
+             "Ola bought her first boat in 2019.", "Ola teaches chemistry in Bergen."]
+    ids = [memory.add(text, user_id=user, infer=False)["results"][0]["id"] for text in texts]
+    store = memory.vector_store
+    payload = store.inner.get(vector_id=ids[0]).payload
+    vector = memory.embedding_model.embed(texts[0], "add")
+    hits = store.inner.search(query=texts[0], vectors=vector, top_k=4,
+                              filters={"user_id": user})
+    nearest = [h.payload["data"] for h in hits if str(h.id) != ids[0]][:2]
+    orders = {}
+    for order in ("added", "similarity"):
+        monkeypatch.setattr(engine, "config", engine.config.replace(
+            capture_context=2, capture_context_order=order))
+        orders[order] = store._neighbours(ids[0], payload, vector)
+    assert list(orders["similarity"]) == nearest[::-1]
+    assert list(orders["added"]) == sorted(nearest, key=texts.index)
+
+
 def test_another_users_identical_prompt_is_not_served_from_the_cache(
         memory: Memory, engine: MemoryEngine) -> None:
     words = "Mem's PIN is 4417, on a card in the blue drawer of the oak desk. " * (
