@@ -15,6 +15,7 @@ before it (an upper bound on sharing: captures in flight at once share nothing).
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -41,17 +42,6 @@ def computed_tokens(prompts: Iterable[Sequence[int]], block_size: int) -> list[i
     return out
 
 
-def nearest(vectors: np.ndarray, count: int, order: str) -> list[list[int]]:
-    """Per fact, its ``count`` nearest other facts, oldest first (``added``) or least
-    similar first (``similarity``), as ``MemoryStore.neighbours`` orders them."""
-    similar = vectors @ vectors.T
-    np.fill_diagonal(similar, -np.inf)
-    rows = np.argsort(-similar, axis=1, kind="stable")[:, :count]
-    if order == "similarity":
-        return [[int(j) for j in row[::-1]] for row in rows]
-    return [sorted(int(j) for j in row) for row in rows]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dataset", type=Path, required=True)
@@ -65,6 +55,9 @@ def main() -> None:
     from inferscale_memory.embeddings import default_embedder
     from inferscale_memory.layout import PromptBuilder
 
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from recompute_proxy import nearest_contexts  # the engine's neighbours, either order
+
     builder = PromptBuilder(AutoTokenizer.from_pretrained(args.tokenizer))
     embedder = default_embedder()
     totals: dict[str, list[int]] = {"no context": [], "added": [], "similarity": []}
@@ -75,7 +68,7 @@ def main() -> None:
         vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
         for name in totals:
             near = ([[]] * len(texts) if name == "no context"
-                    else nearest(vectors, args.context, name))
+                    else nearest_contexts(vectors, args.context, name))
             prompts = [builder.capture_prompt(text, [texts[j] for j in ctx])[0]
                        for text, ctx in zip(texts, near, strict=True)]
             totals[name] += computed_tokens(prompts, args.block_size)

@@ -6,8 +6,6 @@ import importlib.util
 import sys
 from pathlib import Path
 
-import numpy as np
-
 ROOT = Path(__file__).resolve().parents[2]
 spec = importlib.util.spec_from_file_location("capture_sharing",
                                               ROOT / "scripts" / "capture_sharing.py")
@@ -28,10 +26,3 @@ def test_only_whole_blocks_of_an_identical_prefix_are_served() -> None:
         header + [11, 5, 6, 7, 8],     # same tokens later, at another offset: not served
     ]
     assert sharing.computed_tokens(prompts, 4) == [9, 1, 5, 8, 1, 5]
-
-
-def test_neighbours_oldest_first_or_nearest_last() -> None:
-    vectors = np.array([[1.0, 0.0], [0.9, 0.1], [0.0, 1.0], [0.6, 0.4]])
-    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
-    assert sharing.nearest(vectors, 2, "added")[0] == [1, 3]
-    assert sharing.nearest(vectors, 2, "similarity")[0] == [3, 1]
