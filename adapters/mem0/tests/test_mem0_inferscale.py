@@ -219,24 +219,27 @@ def test_capture_context_comes_from_mem0s_own_store(memory: Memory, engine: Memo
 
 def test_mem0s_capture_context_follows_the_engine_s_context_order(
         memory: Memory, engine: MemoryEngine, monkeypatch: pytest.MonkeyPatch) -> None:
-    # The same neighbours in either order: oldest first, or least similar first.
+    # The same neighbours in either order: oldest first, or least similar first. The
+    # fact asked about was added last and its nearest neighbour first, so the orders differ.
     user = "m0-order"
-    texts = ["Ola sails a small boat on the fjord.", "Ola repaints her boat every spring.",
-             "Ola bought her first boat in 2019.", "Ola teaches chemistry in Bergen."]
+    texts = ["Ola sails a small boat on the fjord.", "Ola teaches chemistry in Bergen.",
+             "Ola repaints her boat every spring.", "Ola sails her small boat on the fjord."]
     ids = [memory.add(text, user_id=user, infer=False)["results"][0]["id"] for text in texts]
     store = memory.vector_store
-    payload = store.inner.get(vector_id=ids[0]).payload
-    vector = memory.embedding_model.embed(texts[0], "add")
-    hits = store.inner.search(query=texts[0], vectors=vector, top_k=4,
+    payload = store.inner.get(vector_id=ids[3]).payload
+    vector = memory.embedding_model.embed(texts[3], "add")
+    hits = store.inner.search(query=texts[3], vectors=vector, top_k=4,
                               filters={"user_id": user})
-    nearest = [h.payload["data"] for h in hits if str(h.id) != ids[0]][:2]
+    nearest = [h.payload["data"] for h in hits if str(h.id) != ids[3]][:2]
+    assert nearest[0] == texts[0]
     orders = {}
     for order in ("added", "similarity"):
         monkeypatch.setattr(engine, "config", engine.config.replace(
             capture_context=2, capture_context_order=order))
-        orders[order] = store._neighbours(ids[0], payload, vector)
+        orders[order] = store._neighbours(ids[3], payload, vector)
     assert list(orders["similarity"]) == nearest[::-1]
     assert list(orders["added"]) == sorted(nearest, key=texts.index)
+    assert orders["added"] != orders["similarity"]
 
 
 def test_another_users_identical_prompt_is_not_served_from_the_cache(
