@@ -13,7 +13,8 @@ Example:
 from __future__ import annotations
 
 import functools
-from typing import Annotated, Any, Literal, get_args
+from collections.abc import Callable, Sequence
+from typing import Annotated, Any, Literal, TypeVar, get_args
 
 from pydantic import AfterValidator, ConfigDict, Field, Strict, TypeAdapter, ValidationError
 
@@ -31,6 +32,24 @@ FACT_ORDERS: tuple[str, ...] = get_args(FactOrder)
 INDEX_BACKENDS: tuple[str, ...] = get_args(IndexBackend)
 STORES: tuple[str, ...] = get_args(StoreKind)
 MODES: tuple[str, ...] = get_args(Mode)
+CONTEXT_ORDERS: tuple[str, ...] = get_args(ContextOrder)
+
+_T = TypeVar("_T")
+
+
+def in_context_order(nearest_first: Sequence[_T], order: str,
+                     added: Callable[[_T], Any]) -> list[_T]:
+    """A fact's capture context in ``order`` (``capture_context_order``), from its
+    neighbours best first: oldest first by ``added``, or least similar first.
+
+    >>> in_context_order(["b", "c", "a"], "similarity", added=str)
+    ['a', 'c', 'b']
+    >>> in_context_order(["b", "c", "a"], "added", added=str)
+    ['a', 'b', 'c']
+    """
+    if order == "similarity":
+        return list(reversed(nearest_first))
+    return sorted(nearest_first, key=added)
 MAX_CAPTURE_CONTEXT = 32
 
 FactCount = Annotated[int, Field(ge=1)]  # k: facts retrieved per answer

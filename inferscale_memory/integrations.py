@@ -8,7 +8,8 @@ across. A user with no facts yet needs nothing here: the engine answers them wit
 memory (``metrics.memory_used`` is ``False``). An answer's text reaches the framework as
 a user should see it: :func:`shown` (a whole answer), :func:`shown_stream` and
 :func:`ashown_stream` (a stream) take out the tags of our tool prompt that a model may echo
-(:mod:`~inferscale_memory.markup`).
+(:mod:`~inferscale_memory.markup`). An adapter that finds capture contexts in its
+framework's own store orders them as the engine does: :func:`in_context_order`.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 from inferscale_memory.engine import MemoryEngine
+from inferscale_memory.fields import in_context_order
 from inferscale_memory.markup import ashown_stream, shown, shown_stream
 from inferscale_memory.results import ChatResult
 from inferscale_memory.tools import TOOL_CHOICES
@@ -31,7 +33,7 @@ T = TypeVar("T")
 # engine): the adapters pass them through.
 TOOL_KEYS = ("tools", "tool_choice", "parallel_tool_calls", "response_format")
 __all__ = ["TOOL_CHOICES", "TOOL_KEYS", "ashown_stream", "call_arguments", "default_engine",
-           "on_engine", "shown", "shown_stream"]
+           "in_context_order", "on_engine", "shown", "shown_stream"]
 logger = logging.getLogger(__name__)
 _default_engines: dict[str | None, MemoryEngine] = {}
 _lock = threading.Lock()

@@ -23,17 +23,19 @@ import json
 import tempfile
 from pathlib import Path
 
+from inferscale_memory.config import MemoryConfig
+
 FIELDS = ("fact_order", "recompute_tail", "capture_context", "capture_context_order")
 TYPES = (str, int, int, str)
 
 
 def parse_setting(text: str) -> tuple[str, dict[str, object]]:
     """``NAME=order,tail,context[,context_order]`` -> (NAME, the config fields); the
-    context order defaults to the config's default (``added``)."""
+    context order defaults to the config's."""
     name, _, spec = text.partition("=")
     parts = spec.split(",")
     if len(parts) == len(FIELDS) - 1:
-        parts.append("added")
+        parts.append(MemoryConfig.model_fields["capture_context_order"].default)
     if len(parts) != len(FIELDS):
         raise SystemExit(f"bad setting {text!r}: NAME=order,tail,context[,context_order]")
     return name, {f: kind(v) for f, kind, v in zip(FIELDS, TYPES, parts, strict=True)}

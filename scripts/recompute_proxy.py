@@ -60,6 +60,7 @@ from inferscale_memory.bench.locomo_dataset import load_locomo, select
 from inferscale_memory.bench.run_folder import json_lines
 from inferscale_memory.bench.scoring import locomo_f1
 from inferscale_memory.bench.stats import paired_difference
+from inferscale_memory.fields import CONTEXT_ORDERS, in_context_order
 from inferscale_memory.layout import PromptBuilder
 
 KV = tuple[list[torch.Tensor], list[torch.Tensor]]  # per layer [n, kv_heads, head_dim]
@@ -325,9 +326,7 @@ def nearest_contexts(vectors: np.ndarray, count: int,
     sims = vectors @ vectors.T
     np.fill_diagonal(sims, -np.inf)
     nearest = np.argsort(-sims, axis=1, kind="stable")[:, :count]
-    if order == "similarity":
-        return [[int(j) for j in row[::-1]] for row in nearest]
-    return [sorted(int(j) for j in row) for row in nearest]
+    return [in_context_order([int(j) for j in row], order, added=int) for row in nearest]
 
 
 def questions_of(conv) -> list:
@@ -417,7 +416,7 @@ def main() -> None:
     parser.add_argument("--k", default="10", help="comma-separated")
     parser.add_argument("--variants", default="t4,t4+d15%,t4+f15%,t4+r15%,t4+T15%")
     parser.add_argument("--context", type=int, default=4)
-    parser.add_argument("--context-order", choices=("added", "similarity"), default="added",
+    parser.add_argument("--context-order", choices=CONTEXT_ORDERS, default="added",
                         help="the order of each fact's capture context (the engine's "
                              "capture_context_order)")
     parser.add_argument("--answer-tokens", type=int, default=32)

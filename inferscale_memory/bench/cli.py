@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from inferscale_memory.config import QUALITY_FIELDS
-from inferscale_memory.fields import FACT_ORDERS
+from inferscale_memory.fields import CONTEXT_ORDERS, FACT_ORDERS
 
 if TYPE_CHECKING:
     from inferscale_memory.bench.run_folder import RunFolder
@@ -87,8 +87,7 @@ def add_bench_parser(commands: Any) -> None:
     locomo.add_argument("--capture-context", type=int, default=None, metavar="N",
                         help="capture each fact after its N most similar facts "
                              "(default: the config's capture_context)")
-    locomo.add_argument("--capture-context-order", choices=("added", "similarity"),
-                        default=None,
+    locomo.add_argument("--capture-context-order", choices=CONTEXT_ORDERS, default=None,
                         help="those facts oldest first, or least similar first "
                              "(default: the config's capture_context_order)")
     locomo.add_argument("--concurrency", type=int, default=16,

@@ -34,7 +34,7 @@ from inferscale_memory.errors import (
     StoreError,
     UnknownUserError,
 )
-from inferscale_memory.fields import ContextOrder
+from inferscale_memory.fields import CONTEXT_ORDERS, ContextOrder, in_context_order
 from inferscale_memory.store import _checks
 from inferscale_memory.store.backends import open_index
 from inferscale_memory.store.facts import Fact, ScoredFact
@@ -295,8 +295,8 @@ class MemoryStore:
             UnknownUserError: The user never stored a fact.
         """
         k = _checks.positive_int(k)
-        if order not in ("added", "similarity"):
-            raise InvalidInputError(f"order must be 'added' or 'similarity', not {order!r}")
+        if order not in CONTEXT_ORDERS:
+            raise InvalidInputError(f"order must be one of {CONTEXT_ORDERS}, not {order!r}")
         user_id = self._known_user(user_id)
         if not facts:
             return []
@@ -312,8 +312,7 @@ class MemoryStore:
                 self._open()
                 hits, found = self._search_once(user_id, stored[fact.id], k + 1)
             near = [found[fid] for fid, _ in hits if fid in found and fid != fact.id][:k]
-            out.append(near[::-1] if order == "similarity"
-                       else sorted(near, key=lambda f: (f.created_at, f.id)))
+            out.append(in_context_order(near, order, added=lambda f: (f.created_at, f.id)))
         return out
 
     def _search_once(self, user_id: str, vector: np.ndarray,

@@ -17,6 +17,7 @@ from typing import Any
 from mem0.vector_stores.base import VectorStoreBase
 
 from inferscale_memory import Fact, MemoryEngine
+from inferscale_memory.integrations import in_context_order
 
 RESET_BATCH = 1000
 SCOPES = ("user_id", "agent_id", "run_id")  # Mem0's scope ids, in the order user_of picks
@@ -170,9 +171,9 @@ class InferScaleVectorStore(VectorStoreBase):
                                  filters=scope_ids(payload))
         near = [hit.payload for hit in hits if str(hit.id) != memory_id and hit.payload
                 and hit.payload.get("data")][:count]  # best first
-        if self.engine.config.capture_context_order == "similarity":
-            return tuple(p["data"] for p in reversed(near))
-        return tuple(p["data"] for p in sorted(near, key=lambda p: str(p.get("created_at"))))
+        ordered = in_context_order(near, self.engine.config.capture_context_order,
+                                   added=lambda p: str(p.get("created_at")))
+        return tuple(p["data"] for p in ordered)
 
     def _evict(self, facts: Iterable[Fact]) -> None:
         for user_id, group in _by_user(facts).items():
