@@ -2,17 +2,9 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
+from script_module import load_script
 
-ROOT = Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location("capture_sharing",
-                                              ROOT / "scripts" / "capture_sharing.py")
-assert spec is not None and spec.loader is not None
-sharing = importlib.util.module_from_spec(spec)
-sys.modules["capture_sharing"] = sharing
-spec.loader.exec_module(sharing)
+sharing = load_script("capture_sharing")
 
 
 def test_only_whole_blocks_of_an_identical_prefix_are_served() -> None:

@@ -3,7 +3,6 @@ conversation, evidence position and first diverging token."""
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 
@@ -13,16 +12,13 @@ sys.path.insert(0, str(ROOT / "tests" / "bench"))
 import json  # noqa: E402
 
 from bench_helpers import LOCOMO, FakeEngine  # noqa: E402
+from script_module import load_script  # noqa: E402
 
 from inferscale_memory.bench.commands import bench_locomo  # noqa: E402
 from inferscale_memory.bench.locomo_dataset import load_locomo  # noqa: E402
 from inferscale_memory.bench.run_folder import RunFolder  # noqa: E402
 
-spec = importlib.util.spec_from_file_location("quality_analysis",
-                                              ROOT / "scripts" / "quality_analysis.py")
-assert spec is not None and spec.loader is not None
-analysis = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(analysis)
+analysis = load_script("quality_analysis")
 
 
 def test_first_divergence() -> None:

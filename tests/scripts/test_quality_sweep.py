@@ -2,21 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
+from script_module import load_script
 
 from inferscale_memory.config import MemoryConfig
 
-ROOT = Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location("quality_sweep",
-                                              ROOT / "scripts" / "quality_sweep.py")
-assert spec is not None and spec.loader is not None
-sweep = importlib.util.module_from_spec(spec)
-sys.modules["quality_sweep"] = sweep
-spec.loader.exec_module(sweep)
+sweep = load_script("quality_sweep")
 
 
 def test_a_setting_names_the_config_fields_it_sets() -> None:

@@ -4,22 +4,15 @@ injected KV (nothing recomputed) to the text path (every injected token recomput
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from script_module import load_script
 
 from inferscale_memory.layout import PromptBuilder
 
-ROOT = Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location("recompute_proxy",
-                                              ROOT / "scripts" / "recompute_proxy.py")
-assert spec is not None and spec.loader is not None
-proxy = importlib.util.module_from_spec(spec)
-sys.modules["recompute_proxy"] = proxy  # its dataclasses look their module up
-spec.loader.exec_module(proxy)
+proxy = load_script("recompute_proxy")
 
 FACTS = ["Priya lives in Lisbon.", "Priya plays the cello.", "Priya's sister is Asha.",
          "Priya moved to Lisbon in 2021."]
